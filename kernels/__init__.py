@@ -1,0 +1,1 @@
+"""Front-end kernels with CPU references (installed as subd.kernels)."""

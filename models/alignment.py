@@ -1,0 +1,142 @@
+"""Word timings from cross-attention: the model's alignment heads, a median filter and DTW.
+
+As in Whisper: the text tokens are run through the decoder once more, the attention of the
+alignment heads over the audio frames is normalised per head, smoothed over time, averaged, and
+a monotonic path through it (dynamic time warping) gives each token's first frame.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from subd.models.tokenizer import WhisperTokenizer
+from subd.models.whisper import TextDecoder
+
+FRAMES_PER_TOKEN_S = 0.02  # one encoder output frame = 20 ms
+MEDIAN_FILTER_WIDTH = 7
+
+
+@dataclass(frozen=True, slots=True)
+class WordTiming:
+    text: str  # with its leading space, as the tokenizer spells it
+    tokens: tuple[int, ...]
+    start_s: float  # relative to the window start
+    end_s: float
+    probability: float
+
+
+def dtw_path(cost: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Cheapest monotonic path through ``cost`` [N, M]; vectorised along anti-diagonals."""
+    n, m = cost.shape
+    acc = np.full((n + 1, m + 1), np.inf, dtype=np.float64)
+    acc[0, 0] = 0.0
+    # trace: 0 = diagonal, 1 = up (i-1), 2 = left (j-1)
+    trace = np.zeros((n + 1, m + 1), dtype=np.int8)
+    for d in range(2, n + m + 1):
+        i = np.arange(max(1, d - m), min(n, d - 1) + 1)
+        j = d - i
+        cands = np.stack([acc[i - 1, j - 1], acc[i - 1, j], acc[i, j - 1]])
+        best = np.argmin(cands, axis=0)
+        acc[i, j] = cost[i - 1, j - 1] + cands[best, np.arange(len(i))]
+        trace[i, j] = best
+    i, j = n, m
+    rows, cols = [], []
+    while i > 0 or j > 0:
+        rows.append(i - 1)
+        cols.append(j - 1)
+        if i == 0:
+            j -= 1
+        elif j == 0:
+            i -= 1
+        else:
+            step = trace[i, j]
+            if step == 0:
+                i, j = i - 1, j - 1
+            elif step == 1:
+                i -= 1
+            else:
+                j -= 1
+    return np.array(rows[::-1]), np.array(cols[::-1])
+
+
+def _median_filter(x: torch.Tensor, width: int) -> torch.Tensor:
+    """Median over the last axis with reflect padding (x [..., M])."""
+    if x.shape[-1] <= width // 2:
+        return x
+    pad = width // 2
+    flat = x.reshape(-1, 1, x.shape[-1])  # reflect padding wants [N, C, M]
+    padded = torch.nn.functional.pad(flat, (pad, pad), mode="reflect").reshape(*x.shape[:-1], -1)
+    return padded.unfold(-1, width, 1).median(dim=-1).values
+
+
+@torch.inference_mode()
+def align_words(
+    decoder: TextDecoder,
+    audio_features: torch.Tensor,  # [1, T, D]
+    tokenizer: WhisperTokenizer,
+    sot_sequence: list[int],
+    text_tokens: list[int],
+    n_audio_frames: int,  # frames of real audio in the window (10 ms units)
+    alignment_heads: tuple[tuple[int, int], ...],
+) -> list[WordTiming]:
+    if not text_tokens:
+        return []
+    sp = tokenizer.special
+    tokens = [*sot_sequence, sp.no_timestamps, *text_tokens, sp.eot]
+    cache = decoder.new_cache(audio_features)
+    logits, qks = decoder(
+        torch.tensor([tokens], device=audio_features.device), cache, return_cross_qk=alignment_heads
+    )
+    probs = torch.softmax(logits[0, len(sot_sequence) : -1].float(), dim=-1)  # [n_text+1, V]
+    token_probs = probs[torch.arange(len(text_tokens)), torch.tensor(text_tokens)].cpu().numpy()
+    n_frames = max(1, min(n_audio_frames // 2, audio_features.shape[1]))
+    weights = torch.stack([qk[0, :, :n_frames] for qk in qks]).float().cpu()  # [heads, L, F]
+    weights = weights.softmax(dim=-1)
+    std, mean = torch.std_mean(weights, dim=-2, keepdim=True, unbiased=False)
+    weights = (weights - mean) / (std + 1e-10)
+    weights = _median_filter(weights, MEDIAN_FILTER_WIDTH)
+    matrix = weights.mean(dim=0)[len(sot_sequence) : -1]  # rows: no_timestamps + text tokens
+    text_idx, time_idx = dtw_path(-matrix.double().numpy())
+
+    words, word_tokens = tokenizer.split_to_words(text_tokens + [sp.eot])
+    if len(word_tokens) <= 1:
+        return []
+    boundaries = np.pad(np.cumsum([len(t) for t in word_tokens[:-1]]), (1, 0))
+    jumps = np.pad(np.diff(text_idx), (1, 0), constant_values=1).astype(bool)
+    jump_times = time_idx[jumps] * FRAMES_PER_TOKEN_S
+    starts = jump_times[boundaries[:-1]]
+    ends = jump_times[boundaries[1:]]
+    out: list[WordTiming] = []
+    for k, (word, toks) in enumerate(zip(words[:-1], word_tokens[:-1], strict=True)):
+        lo, hi = boundaries[k], boundaries[k + 1]
+        out.append(
+            WordTiming(
+                text=word,
+                tokens=tuple(toks),
+                start_s=float(starts[k]),
+                end_s=float(ends[k]),
+                probability=float(np.mean(token_probs[lo:hi])),
+            )
+        )
+    return _tidy_durations(out)
+
+
+def _tidy_durations(words: list[WordTiming]) -> list[WordTiming]:
+    """Cap implausibly long words (the DTW path can stick at pauses) as Whisper does."""
+    durations = np.array([w.end_s - w.start_s for w in words])
+    positive = durations[durations > 0]
+    median = float(np.median(positive)) if len(positive) else 0.0
+    max_dur = min(0.7, median) * 2 if median > 0 else 1.4
+    out = []
+    for w in words:
+        start, end = w.start_s, w.end_s
+        if end - start > max_dur:
+            if w.text.strip()[-1:] in ".!?,":
+                end = start + max_dur
+            else:
+                start = max(start, end - max_dur)
+        out.append(WordTiming(w.text, w.tokens, start, end, w.probability))
+    return out

@@ -1,0 +1,156 @@
+"""Greedy/sampled decoding of one 30 s window with Whisper's timestamp rules.
+
+The logit filters follow the reference decoders: suppressed tokens, no blank at the start,
+timestamps in pairs and never decreasing, the first timestamp ≤ ``max_initial_timestamp_s``,
+and timestamps forced when their total probability beats every text token. A repetition-loop
+guard stops decoding as soon as the tail repeats itself, so a loop costs a few tokens instead of
+the whole 448-token budget, and the caller's temperature fallback sees it at once.
+"""
+
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass
+
+import torch
+
+from subd.models.tokenizer import TIME_PRECISION_S, SpecialTokens, WhisperTokenizer
+from subd.models.whisper import TextDecoder
+
+NEG_INF = float("-inf")
+
+
+@dataclass(frozen=True, slots=True)
+class DecodeOptions:
+    temperature: float = 0.0
+    max_new_tokens: int = 224
+    max_initial_timestamp_s: float = 1.0
+    suppress_blank: bool = True
+    suppress_tokens: tuple[int, ...] = ()
+    loop_min_repeats: int = 3  # a tail n-gram seen this many times in a row ...
+    loop_min_tokens: int = 20  # ... covering at least this many tokens is a loop
+    seed: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class DecodeResult:
+    tokens: tuple[int, ...]  # generated tokens (text + timestamps), without the prompt or eot
+    sum_logprob: float
+    avg_logprob: float
+    no_speech_prob: float
+    temperature: float
+    compression_ratio: float
+    looped: bool
+
+    def text_tokens(self, timestamp_begin: int) -> list[int]:
+        return [t for t in self.tokens if t < timestamp_begin]
+
+
+def compression_ratio(text: str) -> float:
+    data = text.encode("utf-8")
+    return len(data) / len(zlib.compress(data)) if data else 0.0
+
+
+def tail_loop(tokens: list[int], min_repeats: int, min_tokens: int) -> bool:
+    """True when the end of ``tokens`` is one n-gram repeated ``min_repeats``+ times in a row."""
+    n_total = len(tokens)
+    for n in range(1, min(16, n_total // min_repeats) + 1):
+        gram = tokens[-n:]
+        repeats = 1
+        while (repeats + 1) * n <= n_total and tokens[-(repeats + 1) * n : -repeats * n] == gram:
+            repeats += 1
+        if repeats >= min_repeats and repeats * n >= min_tokens:
+            return True
+    return False
+
+
+class LogitFilter:
+    """In-place logit rules for one sequence; ``generated`` excludes the prompt."""
+
+    def __init__(self, special: SpecialTokens, options: DecodeOptions, n_vocab: int):
+        self.sp = special
+        self.options = options
+        mask = torch.zeros(n_vocab, dtype=torch.bool)
+        for t in options.suppress_tokens:
+            if 0 <= t < n_vocab:
+                mask[t] = True
+        for t in (special.no_timestamps, special.sot, special.sot_prev, special.transcribe,
+                  special.translate, special.no_speech):
+            mask[t] = True
+        self.suppress_mask = mask
+        self.max_initial_index = int(round(options.max_initial_timestamp_s / TIME_PRECISION_S))
+
+    def apply(self, logits: torch.Tensor, generated: list[int]) -> None:
+        sp, ts = self.sp, self.sp.timestamp_begin
+        logits.masked_fill_(self.suppress_mask, NEG_INF)
+        if not generated:
+            if self.options.suppress_blank:
+                logits[sp.eot] = NEG_INF
+                logits[220] = NEG_INF  # a lone space
+            logits[:ts] = NEG_INF  # a window starts with a timestamp
+            logits[ts + self.max_initial_index + 1 :] = NEG_INF
+            return
+        last_ts = generated[-1] >= ts
+        penultimate_ts = len(generated) < 2 or generated[-2] >= ts
+        if last_ts:
+            if penultimate_ts:  # a pair just closed: text or eot next
+                logits[ts:] = NEG_INF
+            else:  # an opening timestamp: its closing partner or eot next
+                logits[: sp.eot] = NEG_INF
+        stamps = [t for t in generated if t >= ts]
+        if stamps:
+            floor = stamps[-1] if (last_ts and not penultimate_ts) else stamps[-1] + 1
+            logits[ts:floor] = NEG_INF
+        logprobs = torch.log_softmax(logits, dim=-1)
+        if torch.logsumexp(logprobs[ts:], dim=-1) > logprobs[:ts].max():
+            logits[:ts] = NEG_INF
+
+
+@torch.inference_mode()
+def decode_window(
+    decoder: TextDecoder,
+    audio_features: torch.Tensor,  # [1, T, D]
+    prompt: list[int],
+    sot_index: int,
+    tokenizer: WhisperTokenizer,
+    options: DecodeOptions,
+) -> DecodeResult:
+    """Decode one window after ``prompt``; ``sot_index`` is where <|startoftranscript|> sits."""
+    special = tokenizer.special
+    cache = decoder.new_cache(audio_features)
+    n_vocab = decoder.dims.n_vocab
+    filt = LogitFilter(special, options, n_vocab)
+    gen = torch.Generator().manual_seed(options.seed)
+    max_new = min(options.max_new_tokens, decoder.dims.n_text_ctx - len(prompt))
+    logits, _ = decoder(torch.tensor([prompt], device=audio_features.device), cache)
+    no_speech_prob = float(torch.softmax(logits[0, sot_index].float(), -1)[special.no_speech])
+    step_logits = logits[0, -1].float().cpu()
+    generated: list[int] = []
+    sum_logprob = 0.0
+    looped = False
+    for _ in range(max_new):
+        filt.apply(step_logits, generated)
+        if options.temperature > 0:
+            probs = torch.softmax(step_logits / options.temperature, dim=-1)
+            token = int(torch.multinomial(probs, 1, generator=gen))
+        else:
+            token = int(step_logits.argmax())
+        sum_logprob += float(torch.log_softmax(step_logits, -1)[token])
+        if token == special.eot:
+            break
+        generated.append(token)
+        if tail_loop(generated, options.loop_min_repeats, options.loop_min_tokens):
+            looped = True
+            break
+        logits, _ = decoder(torch.tensor([[token]], device=audio_features.device), cache)
+        step_logits = logits[0, -1].float().cpu()
+    text = tokenizer.decode([t for t in generated if t < special.timestamp_begin])
+    return DecodeResult(
+        tokens=tuple(generated),
+        sum_logprob=sum_logprob,
+        avg_logprob=sum_logprob / (len(generated) + 1),
+        no_speech_prob=no_speech_prob,
+        temperature=options.temperature,
+        compression_ratio=compression_ratio(text),
+        looped=looped,
+    )

@@ -1,0 +1,133 @@
+"""The Whisper engine: front end, encoder, decoding with fallback, and word timings.
+
+``WhisperEngine.transcribe_window`` turns up to 30 s of 16 kHz audio into words with times; the
+offline transcriber and the streaming recogniser are both built on it.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, replace
+
+import numpy as np
+import torch
+
+from subd.kernels.mel import WINDOW_FRAMES, log_mel, pad_or_trim_frames
+from subd.models.alignment import WordTiming, align_words
+from subd.models.decoding import DecodeOptions, DecodeResult, decode_window
+from subd.models.loading import LoadedModel, load_model
+
+SAMPLE_RATE_HZ = 16_000
+WINDOW_SAMPLES = 30 * SAMPLE_RATE_HZ
+MAX_PROMPT_TOKENS = 223  # half the text context, as the reference runtimes keep
+
+
+@dataclass(frozen=True, slots=True)
+class FallbackPolicy:
+    temperatures: tuple[float, ...] = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)
+    compression_ratio_threshold: float = 2.4
+    logprob_threshold: float = -1.0
+    no_speech_threshold: float = 0.6
+    max_fallback_tokens: int = 96  # cap a retry's cost: a fallback never decodes the full 448
+
+
+@dataclass(frozen=True, slots=True)
+class WindowResult:
+    decode: DecodeResult
+    words: tuple[WordTiming, ...]  # times relative to the window start
+    is_speech: bool
+
+
+class WhisperEngine:
+    def __init__(self, loaded: LoadedModel, *, threads: int | None = None, language: str = "en"):
+        if threads:
+            torch.set_num_threads(threads)
+        self.loaded = loaded
+        self.model = loaded.model
+        self.tokenizer = loaded.tokenizer
+        self.sot_sequence = self.tokenizer.sot_sequence(language)
+        self.n_mels = self.model.dims.n_mels
+
+    @classmethod
+    def load(cls, model: str = "tiny.en", *, threads: int | None = None, quantize: bool = False,
+             language: str = "en") -> WhisperEngine:
+        loaded = load_model(model)
+        if quantize:
+            loaded = replace(loaded, model=quantize_linears(loaded.model))
+        return cls(loaded, threads=threads or _default_threads(), language=language)
+
+    def features(self, audio: np.ndarray) -> torch.Tensor:
+        """audio [n] -> log-mel [n_mels, n_frames] (n_frames = n//160 + 1)."""
+        return log_mel(audio, self.n_mels)
+
+    @torch.inference_mode()
+    def encode(self, mel: torch.Tensor, n_frames: int = WINDOW_FRAMES) -> torch.Tensor:
+        """mel [n_mels, ≤n_frames] -> audio features [1, n_frames/2, D] (zero-padded window)."""
+        return self.model.encoder(pad_or_trim_frames(mel, n_frames)[None])
+
+    def build_prompt(self, previous_tokens: list[int] | None) -> tuple[list[int], int]:
+        prompt: list[int] = []
+        if previous_tokens:
+            prompt = [self.tokenizer.special.sot_prev, *previous_tokens[-MAX_PROMPT_TOKENS:]]
+        return prompt + self.sot_sequence, len(prompt)
+
+    def decode(self, audio_features: torch.Tensor, previous_tokens: list[int] | None,
+               options: DecodeOptions) -> DecodeResult:
+        prompt, sot_index = self.build_prompt(previous_tokens)
+        opts = replace(options, suppress_tokens=options.suppress_tokens or self.loaded.suppress_tokens)
+        return decode_window(self.model.decoder, audio_features, prompt, sot_index, self.tokenizer, opts)
+
+    def decode_with_fallback(self, audio_features: torch.Tensor, previous_tokens: list[int] | None,
+                             policy: FallbackPolicy = FallbackPolicy(),
+                             options: DecodeOptions = DecodeOptions()) -> DecodeResult:
+        """Greedy first; on a loop, too-compressible text or low log-prob, retry warmer (capped)."""
+        result = None
+        for i, temperature in enumerate(policy.temperatures):
+            opts = replace(options, temperature=temperature)
+            if i > 0:
+                opts = replace(opts, max_new_tokens=min(opts.max_new_tokens, policy.max_fallback_tokens))
+            result = self.decode(audio_features, previous_tokens if temperature <= 0.5 else None, opts)
+            if result.no_speech_prob > policy.no_speech_threshold and result.avg_logprob < policy.logprob_threshold:
+                return result  # silence: the caller drops it; no point re-decoding
+            bad = (
+                result.looped
+                or result.compression_ratio > policy.compression_ratio_threshold
+                or result.avg_logprob < policy.logprob_threshold
+            )
+            if not bad:
+                return result
+        assert result is not None
+        return result
+
+    def is_silent(self, result: DecodeResult, policy: FallbackPolicy = FallbackPolicy()) -> bool:
+        return result.no_speech_prob > policy.no_speech_threshold and result.avg_logprob < policy.logprob_threshold
+
+    def align(self, audio_features: torch.Tensor, text_tokens: list[int], n_audio_frames: int) -> list[WordTiming]:
+        return align_words(
+            self.model.decoder, audio_features, self.tokenizer, self.sot_sequence, text_tokens,
+            n_audio_frames, self.loaded.alignment_heads,
+        )
+
+    def transcribe_window(self, audio: np.ndarray, previous_tokens: list[int] | None = None,
+                          policy: FallbackPolicy = FallbackPolicy(),
+                          options: DecodeOptions = DecodeOptions()) -> WindowResult:
+        """Transcribe ≤ 30 s of audio; word times are relative to the window's first sample."""
+        audio = audio[:WINDOW_SAMPLES]
+        mel = self.features(audio)
+        n_frames = min(mel.shape[-1] - 1, WINDOW_FRAMES)
+        feats = self.encode(mel)
+        result = self.decode_with_fallback(feats, previous_tokens, policy, options)
+        if self.is_silent(result, policy):
+            return WindowResult(result, (), False)
+        text = result.text_tokens(self.tokenizer.special.timestamp_begin)
+        words = self.align(feats, text, n_frames)
+        return WindowResult(result, tuple(words), True)
+
+
+def _default_threads() -> int:
+    return max(1, min(len(os.sched_getaffinity(0)), 8))
+
+
+def quantize_linears(model: torch.nn.Module) -> torch.nn.Module:
+    """Dynamic int8 quantisation of the Linear layers (CPU inference only)."""
+    return torch.ao.quantization.quantize_dynamic(model, {torch.nn.Linear}, dtype=torch.qint8)

@@ -1,0 +1,2 @@
+"""subd: real-time subtitle daemon."""
+__version__ = "0.1.0"

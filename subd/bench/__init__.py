@@ -1,0 +1,1 @@
+"""Benchmarks (`subd bench NAME`): each module defines register(subparsers)."""

@@ -1,0 +1,1 @@
+"""Subcommands: each module defines register(subparsers)."""

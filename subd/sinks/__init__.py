@@ -1,0 +1,42 @@
+"""Sinks: where published caption states go (SSE, overlay, SRT/VTT files, plugins).
+
+A sink implements :class:`Sink`. The publisher calls ``publish`` once per tick from the event
+loop; it must return at once (queue, never block or await I/O inline), so that one slow sink can
+never delay the clock or another sink. Sinks are looked up by name in the entry-point group
+``subd.sinks``; the built-in sinks register the same way (see pyproject.toml).
+"""
+
+from __future__ import annotations
+
+from importlib.metadata import entry_points
+from typing import Any, Protocol, runtime_checkable
+
+from subd.types import CaptionState
+
+ENTRY_POINT_GROUP = "subd.sinks"
+
+
+@runtime_checkable
+class Sink(Protocol):
+    name: str
+
+    async def start(self) -> None: ...
+
+    def publish(self, state: CaptionState) -> None: ...
+
+    async def close(self) -> None: ...
+
+
+def available_sinks() -> dict[str, Any]:
+    """Name -> factory for every sink registered under ``subd.sinks``."""
+    return {ep.name: ep for ep in entry_points(group=ENTRY_POINT_GROUP)}
+
+
+def load_sink_factory(name: str) -> Any:
+    eps = available_sinks()
+    if name not in eps:
+        from subd.errors import ConfigError
+
+        known = ", ".join(sorted(eps)) or "none"
+        raise ConfigError(f"unknown sink {name!r} (registered sinks: {known})")
+    return eps[name].load()
