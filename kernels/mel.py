@@ -24,17 +24,23 @@ def _hz_to_mel(f_hz: np.ndarray) -> np.ndarray:
     f_sp = 200.0 / 3.0
     mel = f_hz / f_sp
     min_log_hz, min_log_mel, logstep = 1000.0, 1000.0 / f_sp, np.log(6.4) / 27.0
-    return np.where(f_hz >= min_log_hz, min_log_mel + np.log(np.maximum(f_hz, 1e-9) / min_log_hz) / logstep, mel)
+    return np.where(
+        f_hz >= min_log_hz, min_log_mel + np.log(np.maximum(f_hz, 1e-9) / min_log_hz) / logstep, mel
+    )
 
 
 def _mel_to_hz(mel: np.ndarray) -> np.ndarray:
     f_sp = 200.0 / 3.0
     min_log_hz, min_log_mel, logstep = 1000.0, 1000.0 / f_sp, np.log(6.4) / 27.0
-    return np.where(mel >= min_log_mel, min_log_hz * np.exp(logstep * (mel - min_log_mel)), f_sp * mel)
+    return np.where(
+        mel >= min_log_mel, min_log_hz * np.exp(logstep * (mel - min_log_mel)), f_sp * mel
+    )
 
 
 @functools.lru_cache(maxsize=4)
-def mel_filters(n_mels: int = 80, sample_rate_hz: int = SAMPLE_RATE_HZ, n_fft: int = N_FFT) -> torch.Tensor:
+def mel_filters(
+    n_mels: int = 80, sample_rate_hz: int = SAMPLE_RATE_HZ, n_fft: int = N_FFT
+) -> torch.Tensor:
     """Slaney-style triangular filters [n_mels, n_fft//2 + 1], area-normalised."""
     fft_hz = np.fft.rfftfreq(n_fft, d=1.0 / sample_rate_hz)
     mel_points = np.linspace(0.0, _hz_to_mel(np.array(sample_rate_hz / 2.0)), n_mels + 2)
@@ -65,7 +71,13 @@ def log_mel(
     if pad_samples:
         x = torch.nn.functional.pad(x, (0, pad_samples))
     spec = torch.stft(
-        x, N_FFT, HOP_SAMPLES, window=_hann(N_FFT), center=True, pad_mode="reflect", return_complex=True
+        x,
+        N_FFT,
+        HOP_SAMPLES,
+        window=_hann(N_FFT),
+        center=True,
+        pad_mode="reflect",
+        return_complex=True,
     )
     power = spec[..., :-1].abs() ** 2  # [n_fft/2+1, n_frames]
     mel = mel_filters(n_mels) @ power

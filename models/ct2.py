@@ -47,7 +47,9 @@ def read_variables(data: bytes | memoryview, name: str = "model.bin") -> dict[st
     r = _Reader(memoryview(data), name)
     (version,) = r.unpack("I")
     if version < 5 or version > 6:
-        raise ModelError(f"{name}: not a CTranslate2 model.bin (binary version {version}, expected 5 or 6)")
+        raise ModelError(
+            f"{name}: not a CTranslate2 model.bin (binary version {version}, expected 5 or 6)"
+        )
     spec = r.string()
     if spec != "WhisperSpec":
         raise ModelError(f"{name}: holds a {spec}, expected a WhisperSpec")
@@ -86,9 +88,9 @@ def _dequantize(variables: dict[str, torch.Tensor], key: str) -> torch.Tensor:
 
 def _count_layers(variables: dict[str, torch.Tensor], side: str) -> int:
     indices = {
-        int(k.split("/")[1][len("layer_"):])
+        int(k.split("/")[1][len("layer_") :])
         for k in variables
-        if k.startswith(f"{side}/layer_") and k.split("/")[1][len("layer_"):].isdigit()
+        if k.startswith(f"{side}/layer_") and k.split("/")[1][len("layer_") :].isdigit()
     }
     return max(indices) + 1
 

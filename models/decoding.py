@@ -74,8 +74,14 @@ class LogitFilter:
         for t in options.suppress_tokens:
             if 0 <= t < n_vocab:
                 mask[t] = True
-        for t in (special.no_timestamps, special.sot, special.sot_prev, special.transcribe,
-                  special.translate, special.no_speech):
+        for t in (
+            special.no_timestamps,
+            special.sot,
+            special.sot_prev,
+            special.transcribe,
+            special.translate,
+            special.no_speech,
+        ):
             mask[t] = True
         self.suppress_mask = mask
         self.max_initial_index = int(round(options.max_initial_timestamp_s / TIME_PRECISION_S))

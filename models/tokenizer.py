@@ -63,7 +63,9 @@ class WhisperTokenizer:
         return self._tok.encode(text, add_special_tokens=False).ids
 
     def decode(self, tokens: list[int]) -> str:
-        return self._tok.decode([t for t in tokens if t < self.special.eot], skip_special_tokens=False)
+        return self._tok.decode(
+            [t for t in tokens if t < self.special.eot], skip_special_tokens=False
+        )
 
     def token_text(self, token: int) -> str:
         return self._tok.decode([token], skip_special_tokens=False)

@@ -37,7 +37,9 @@ class LayerNorm(nn.LayerNorm):
 
 class Linear(nn.Linear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight.to(x.dtype), None if self.bias is None else self.bias.to(x.dtype))
+        return F.linear(
+            x, self.weight.to(x.dtype), None if self.bias is None else self.bias.to(x.dtype)
+        )
 
 
 def sinusoids(length: int, channels: int, max_timescale: float = 10_000.0) -> torch.Tensor:
@@ -84,7 +86,9 @@ class ResidualBlock(nn.Module):
         self.attn_ln = LayerNorm(n_state)
         self.cross_attn = MultiHeadAttention(n_state, n_head) if cross_attention else None
         self.cross_attn_ln = LayerNorm(n_state) if cross_attention else None
-        self.mlp = nn.Sequential(Linear(n_state, 4 * n_state), nn.GELU(), Linear(4 * n_state, n_state))
+        self.mlp = nn.Sequential(
+            Linear(n_state, 4 * n_state), nn.GELU(), Linear(4 * n_state, n_state)
+        )
         self.mlp_ln = LayerNorm(n_state)
 
 
@@ -92,8 +96,12 @@ class AudioEncoder(nn.Module):
     def __init__(self, dims: WhisperDims):
         super().__init__()
         self.conv1 = nn.Conv1d(dims.n_mels, dims.n_audio_state, kernel_size=3, padding=1)
-        self.conv2 = nn.Conv1d(dims.n_audio_state, dims.n_audio_state, kernel_size=3, stride=2, padding=1)
-        self.register_buffer("positional_embedding", sinusoids(dims.n_audio_ctx, dims.n_audio_state))
+        self.conv2 = nn.Conv1d(
+            dims.n_audio_state, dims.n_audio_state, kernel_size=3, stride=2, padding=1
+        )
+        self.register_buffer(
+            "positional_embedding", sinusoids(dims.n_audio_ctx, dims.n_audio_state)
+        )
         self.blocks = nn.ModuleList(
             ResidualBlock(dims.n_audio_state, dims.n_audio_head, cross_attention=False)
             for _ in range(dims.n_audio_layer)
@@ -120,9 +128,13 @@ class KVCache:
     def __init__(self, dims: WhisperDims, batch: int, n_audio_frames: int, dtype, device):
         h, dh = dims.n_text_head, dims.n_text_state // dims.n_text_head
         n_layer = dims.n_text_layer
-        self.self_k = torch.zeros(n_layer, batch, h, dims.n_text_ctx, dh, dtype=dtype, device=device)
+        self.self_k = torch.zeros(
+            n_layer, batch, h, dims.n_text_ctx, dh, dtype=dtype, device=device
+        )
         self.self_v = torch.zeros_like(self.self_k)
-        self.cross_k = torch.zeros(n_layer, batch, h, n_audio_frames, dh, dtype=dtype, device=device)
+        self.cross_k = torch.zeros(
+            n_layer, batch, h, n_audio_frames, dh, dtype=dtype, device=device
+        )
         self.cross_v = torch.zeros_like(self.cross_k)
         self.length = 0  # tokens already in the self-attention cache
 

@@ -1,0 +1,180 @@
+"""``subd transcribe IN -o OUT``: a whole file (or stdin PCM) to SRT, WebVTT or JSON words."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pysrt
+
+from subd.errors import UserError
+from subd.types import Cue, TaggedWord, Word
+
+OUTPUT_SUFFIXES = (".srt", ".vtt", ".json")
+PROGRESS_MIN_S = 5.0  # show a progress bar for inputs longer than this
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "transcribe", help="transcribe a file or stdin PCM to .srt/.vtt/.json"
+    )
+    p.add_argument(
+        "input", help="audio file (WAV/FLAC/OGG, others through ffmpeg) or - for stdin PCM"
+    )
+    p.add_argument("-o", "--output", required=True, help="output file: .srt, .vtt or .json")
+    p.add_argument("--model", default="tiny.en", help="tiny.en (default), base, or a model path")
+    p.add_argument(
+        "--format",
+        dest="pcm_format",
+        default="s16le",
+        choices=("s16le", "f32le"),
+        help="stdin PCM sample format",
+    )
+    p.add_argument("--rate", type=int, default=16000, help="stdin PCM sample rate in Hz")
+    p.add_argument("--channels", type=int, default=1, help="stdin PCM channel count")
+    p.add_argument("--threads", type=int, default=0, help="CPU threads (0: all cores)")
+    p.add_argument("--no-vad", action="store_true", help="decode every window, even without speech")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=run)
+
+
+class Progress:
+    """A one-line progress bar on stderr, redrawn at most 5 times a second."""
+
+    def __init__(self, total_s: float | None, enabled: bool):
+        self.total_s = total_s
+        self.enabled = enabled
+        self._last = 0.0
+        self._start = time.monotonic()
+        self._drawn = ""
+
+    def __call__(self, n_samples: int, final: bool = False) -> None:
+        if not self.enabled:
+            return
+        now = time.monotonic()
+        if not final and now - self._last < 0.2:
+            return
+        self._last = now
+        done_s = n_samples / 16000
+        speed = done_s / max(now - self._start, 1e-6)
+        if self.total_s:
+            frac = min(1.0, done_s / self.total_s)
+            bar = "#" * int(frac * 30)
+            line = f"\r[{bar:<30}] {frac:4.0%} {done_s:7.1f}/{self.total_s:.1f} s  {speed:5.1f}x"
+        else:
+            line = f"\r{done_s:8.1f} s  {speed:5.1f}x"
+        if line == self._drawn and not final:
+            return
+        sys.stderr.write(("" if line == self._drawn else line) + ("\n" if final else ""))
+        self._drawn = line
+        sys.stderr.flush()
+
+
+def _tagged(word: Word) -> TaggedWord:
+    text = word.text
+    punct = text[-1] if text[-1:] in ",.?!" else ""
+    return TaggedWord(
+        word=word, text=text, punct=punct, break_after=1.0 if punct in ".?!" else 0.0, final=True
+    )
+
+
+def _cues(words: list[Word]) -> list[Cue]:
+    from subd.layout import CueLayout
+
+    layout = CueLayout()
+    cues = layout.push([_tagged(w) for w in words], audio_end_ns=words[-1].end_ns if words else 0)
+    return cues + layout.finish()
+
+
+def _srt_time(ns: int) -> pysrt.SubRipTime:
+    return pysrt.SubRipTime(milliseconds=max(0, ns) // 1_000_000)
+
+
+def _vtt_time(ns: int) -> str:
+    ms = max(0, ns) // 1_000_000
+    return f"{ms // 3_600_000:02d}:{ms // 60_000 % 60:02d}:{ms // 1000 % 60:02d}.{ms % 1000:03d}"
+
+
+def render(words: list[Word], suffix: str) -> str:
+    if suffix == ".json":
+        items = [
+            {
+                "w": w.text,
+                "start_ms": w.start_ns // 1_000_000,
+                "end_ms": w.end_ns // 1_000_000,
+                "p": round(w.probability, 4),
+            }
+            for w in words
+        ]
+        return json.dumps({"words": items}, ensure_ascii=False, indent=1) + "\n"
+    cues = _cues(words)
+    if suffix == ".srt":
+        subs = pysrt.SubRipFile(
+            items=[
+                pysrt.SubRipItem(i, _srt_time(c.start_ns), _srt_time(c.end_ns), "\n".join(c.lines))
+                for i, c in enumerate(cues, 1)
+            ]
+        )
+        return "".join(f"{item}\n" for item in subs)
+    body = "".join(
+        f"\n{_vtt_time(c.start_ns)} --> {_vtt_time(c.end_ns)}\n" + "\n".join(c.lines) + "\n"
+        for c in cues
+    )
+    return "WEBVTT\n" + body
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def run(args: argparse.Namespace) -> int:
+    from subd import audio
+    from subd.models.engine import WhisperEngine
+    from subd.transcriber import TranscribeOptions, Transcriber
+
+    out = Path(args.output)
+    if out.suffix.lower() not in OUTPUT_SUFFIXES:
+        raise UserError(f"{out}: output must end in .srt, .vtt or .json")
+    if out.exists() and out.is_dir():
+        raise UserError(f"{out}: is a directory")
+    if args.input == "-":
+        spec = audio.PcmSpec.parse(args.pcm_format, args.rate, args.channels)
+        blocks = audio.iter_pcm_blocks(
+            sys.stdin.buffer, fmt=spec.fmt, rate_hz=spec.rate_hz, channels=spec.channels
+        )
+        total_s = None
+    else:
+        blocks = audio.iter_audio_blocks(args.input)
+        total_s = audio.total_duration_s(args.input)
+    engine = WhisperEngine.load(args.model, threads=args.threads or None)
+    transcriber = Transcriber(engine, TranscribeOptions(vad=not args.no_vad))
+    show = not args.quiet and (total_s is None or total_s > PROGRESS_MIN_S)
+    progress = Progress(total_s, enabled=show)
+    words: list[Word] = []
+    n_done = 0
+
+    def on_progress(n: int) -> None:
+        nonlocal n_done
+        n_done = n
+        progress(n)
+
+    for segment in transcriber.transcribe_blocks(blocks, on_progress):
+        words.extend(segment.words)
+    progress(n_done, final=True)
+    _write_atomic(out, render(words, out.suffix.lower()))
+    return 0
