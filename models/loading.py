@@ -146,7 +146,7 @@ def _pinned_path(pin: PinnedFile, pip_name: str) -> Path:
 def _build(dims: dict, state_dict: dict[str, torch.Tensor], where: str) -> Whisper:
     model = Whisper(WhisperDims(**{k: int(v) for k, v in dims.items()}))
     missing, unexpected = model.load_state_dict(state_dict, strict=False)
-    missing = [k for k in missing if not k.endswith("causal_mask")]
+    missing = [k for k in missing if not k.endswith(("causal_mask", "decoder.output.weight"))]
     if missing or unexpected:
         raise ModelError(
             f"{where}: weights do not fit Whisper "

@@ -35,13 +35,6 @@ class LayerNorm(nn.LayerNorm):
         return super().forward(x.float()).type(x.dtype)
 
 
-class Linear(nn.Linear):
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(
-            x, self.weight.to(x.dtype), None if self.bias is None else self.bias.to(x.dtype)
-        )
-
-
 def sinusoids(length: int, channels: int, max_timescale: float = 10_000.0) -> torch.Tensor:
     """Whisper's fixed encoder position table [length, channels]."""
     log_step = math.log(max_timescale) / (channels // 2 - 1)
@@ -54,10 +47,10 @@ class MultiHeadAttention(nn.Module):
     def __init__(self, n_state: int, n_head: int):
         super().__init__()
         self.n_head = n_head
-        self.query = Linear(n_state, n_state)
-        self.key = Linear(n_state, n_state, bias=False)
-        self.value = Linear(n_state, n_state)
-        self.out = Linear(n_state, n_state)
+        self.query = nn.Linear(n_state, n_state)
+        self.key = nn.Linear(n_state, n_state, bias=False)
+        self.value = nn.Linear(n_state, n_state)
+        self.out = nn.Linear(n_state, n_state)
 
     def split(self, x: torch.Tensor) -> torch.Tensor:
         b, n, d = x.shape  # [B, N, D] -> [B, H, N, D/H]
@@ -87,7 +80,7 @@ class ResidualBlock(nn.Module):
         self.cross_attn = MultiHeadAttention(n_state, n_head) if cross_attention else None
         self.cross_attn_ln = LayerNorm(n_state) if cross_attention else None
         self.mlp = nn.Sequential(
-            Linear(n_state, 4 * n_state), nn.GELU(), Linear(4 * n_state, n_state)
+            nn.Linear(n_state, 4 * n_state), nn.GELU(), nn.Linear(4 * n_state, n_state)
         )
         self.mlp_ln = LayerNorm(n_state)
 
@@ -150,6 +143,10 @@ class TextDecoder(nn.Module):
             for _ in range(dims.n_text_layer)
         )
         self.ln = LayerNorm(dims.n_text_state)
+        # logits = x @ embedding.T, as a Linear sharing the embedding's weight, so that it can be
+        # quantised like the others (it reads 51864×384 weights per token: the step's biggest cost)
+        self.output = nn.Linear(dims.n_text_state, dims.n_vocab, bias=False)
+        self.output.weight = self.token_embedding.weight
         causal = torch.full((dims.n_text_ctx, dims.n_text_ctx), float("-inf")).triu_(1)
         self.register_buffer("causal_mask", causal, persistent=False)
 
@@ -199,7 +196,7 @@ class TextDecoder(nn.Module):
             x = x + block.mlp(block.mlp_ln(x))
         cache.length = offset + n
         x = self.ln(x)
-        logits = (x @ self.token_embedding.weight.to(x.dtype).T).float()
+        logits = self.output(x).float()
         cross = [qk_by_layer[layer][:, head] for layer, head in return_cross_qk]
         return logits, cross
 

@@ -86,6 +86,20 @@ def test_wer_on_librivox_at_most_5_percent(engine, speech_clips):
     assert wer <= 0.05
 
 
+def test_int8_engine_keeps_wer_at_most_5_percent(speech_clips):
+    """The CLI's default precision (int8 linears) must keep the accuracy target too."""
+    from subd.models.engine import WhisperEngine
+
+    int8 = WhisperEngine.load("tiny.en", quantize=True)
+    errors = words = 0
+    for clip in speech_clips:
+        hyp = normalise(_our_text(int8, load_audio(clip.path)))
+        errors += word_errors(clip.transcript.split(), hyp)
+        words += len(clip.transcript.split())
+    print(f"tiny.en int8 WER: {errors / words:.1%}")
+    assert errors / words <= 0.05
+
+
 def test_word_timings_are_ordered_and_inside_the_clip(engine, speech_clips):
     audio = load_audio(speech_clips[0].path)
     words = engine.transcribe_window(audio).words

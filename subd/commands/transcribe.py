@@ -38,6 +38,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--rate", type=int, default=16000, help="stdin PCM sample rate in Hz")
     p.add_argument("--channels", type=int, default=1, help="stdin PCM channel count")
     p.add_argument("--threads", type=int, default=0, help="CPU threads (0: all cores)")
+    p.add_argument(
+        "--precision",
+        default="int8",
+        choices=("int8", "fp32"),
+        help="int8: quantised linears (default, fastest on CPU); fp32: reference-exact",
+    )
     p.add_argument("--no-vad", action="store_true", help="decode every window, even without speech")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=run)
@@ -161,7 +167,9 @@ def run(args: argparse.Namespace) -> int:
     else:
         blocks = audio.iter_audio_blocks(args.input)
         total_s = audio.total_duration_s(args.input)
-    engine = WhisperEngine.load(args.model, threads=args.threads or None)
+    engine = WhisperEngine.load(
+        args.model, threads=args.threads or None, quantize=args.precision == "int8"
+    )
     transcriber = Transcriber(engine, TranscribeOptions(vad=not args.no_vad))
     show = not args.quiet and (total_s is None or total_s > PROGRESS_MIN_S)
     progress = Progress(total_s, enabled=show)
