@@ -13,6 +13,7 @@ from pathlib import Path
 import pysrt
 
 from subd.errors import UserError
+from subd.layout_rules import ABBREVIATIONS
 from subd.types import Cue, TaggedWord, Word
 
 OUTPUT_SUFFIXES = (".srt", ".vtt", ".json")
@@ -82,10 +83,17 @@ class Progress:
 
 
 def _tagged(word: Word) -> TaggedWord:
+    """The recogniser's own punctuation as tags (offline output has full right context)."""
     text = word.text
-    punct = text[-1] if text[-1:] in ",.?!" else ""
+    punct = text[-1] if text[-1:] in (",", ".", "?", "!") else ""
+    if text.lower() in ABBREVIATIONS:
+        punct = ""
     return TaggedWord(
-        word=word, text=text, punct=punct, break_after=1.0 if punct in ".?!" else 0.0, final=True
+        word=word,
+        text=text,
+        punct=punct,
+        break_after=1.0 if punct and punct in ".?!" else 0.0,
+        final=True,
     )
 
 

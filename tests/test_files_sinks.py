@@ -1,0 +1,170 @@
+"""Live SRT/WebVTT: pysrt, webvtt-py and ffmpeg read them; rotation; confinement; disk full."""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import os
+import shutil
+import subprocess
+from fractions import Fraction
+from pathlib import Path
+
+import pysrt
+import pytest
+import webvtt
+
+from subd.errors import ConfigError
+from subd.layout import CueLayout
+from subd.sinks import files
+from subd.sinks.files import FileSinkConfig, SRTSink, VTTSink
+from subd.sinks.scripted import script_states, script_words
+from subd.types import Cue
+
+
+def reference_cues() -> list[Cue]:
+    layout = CueLayout()
+    cues: list[Cue] = []
+    for state in script_states(script_words()):
+        cues += layout.push(state.committed, state.audio_end_ns, state.tentative)
+    return cues + layout.finish()
+
+
+def run_sinks(*sinks: files.CueFileSink, speed: int = 1) -> None:
+    async def main() -> None:
+        for sink in sinks:
+            await sink.start()
+        for state in script_states(script_words(), audio_per_tick=Fraction(speed)):
+            for sink in sinks:
+                sink.publish(state)
+            await asyncio.sleep(0)
+        for sink in sinks:
+            await sink.close()
+
+    asyncio.run(main())
+
+
+def srt_cues(path: Path) -> list[tuple[int, int, str]]:
+    subs = pysrt.open(str(path), error_handling=pysrt.ERROR_RAISE)
+    return [(s.start.ordinal, s.end.ordinal, s.text) for s in subs]
+
+
+def expected(cues: list[Cue]) -> list[tuple[int, int, str]]:
+    return [(c.start_ns // 10**6, c.end_ns // 10**6, "\n".join(c.lines)) for c in cues]
+
+
+def ffmpeg_reads(path: Path) -> str:
+    """ffmpeg's SRT rendering of ``path`` (it fails on a malformed file)."""
+    proc = subprocess.run(
+        ["ffmpeg", "-nostdin", "-v", "error", "-i", str(path), "-map", "0:s", "-c:s", "srt",
+         "-f", "srt", "-"], capture_output=True, timeout=60,
+    )
+    assert proc.returncode == 0 and proc.stderr == b"", proc.stderr.decode()
+    return proc.stdout.decode()
+
+
+def test_srt_and_vtt_hold_every_committed_cue_and_parse_everywhere(tmp_path: Path) -> None:
+    srt = SRTSink(FileSinkConfig(directory=str(tmp_path)))
+    vtt = VTTSink(FileSinkConfig(directory=str(tmp_path)))
+    run_sinks(srt, vtt)
+    cues = reference_cues()
+    assert len(cues) >= 8
+    assert srt_cues(tmp_path / "live.srt") == expected(cues)
+    captions = webvtt.read(str(tmp_path / "live.vtt"))
+    assert [c.text for c in captions] == ["\n".join(c.lines) for c in cues]
+    assert captions[0].start == "00:00:00.000"
+    assert srt.n_durable == vtt.n_durable == len(cues) and srt.n_write_errors == 0
+    if shutil.which("ffmpeg") is None:
+        pytest.skip("ffmpeg not installed")
+    for name in ("live.srt", "live.vtt"):
+        rendered = ffmpeg_reads(tmp_path / name)
+        assert rendered.count(" --> ") == len(cues)
+        assert "good night." in rendered
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temp files left
+
+
+def test_vtt_escapes_markup(tmp_path: Path) -> None:
+    sink = VTTSink(FileSinkConfig(directory=str(tmp_path)))
+    block = sink.format_cue(1, Cue(1, 0, 10**9, ("a <b> & c",)))
+    assert block == b"1\n00:00:00.000 --> 00:00:01.000\na &lt;b&gt; &amp; c\n\n"
+
+
+@pytest.mark.parametrize("rotation", [{"rotate_bytes": 300}, {"rotate_s": 10}])
+def test_rotation_keeps_every_cue_in_valid_files(tmp_path: Path, rotation: dict) -> None:
+    sink = SRTSink(files.from_mapping(FileSinkConfig, "sinks.srt",
+                                      {"directory": str(tmp_path), **rotation}))
+    run_sinks(sink, speed=5)
+    rotated = sorted(tmp_path.glob("live.0*.srt"))
+    assert len(rotated) >= 2
+    got = [cue for path in rotated + [tmp_path / "live.srt"] for cue in srt_cues(path)]
+    assert got == expected(reference_cues())
+    for path in rotated:
+        if "rotate_bytes" in rotation:
+            assert path.stat().st_size <= 300 or len(srt_cues(path)) == 1
+        assert pysrt.open(str(path))[0].index == 1
+
+
+def test_file_from_an_earlier_run_is_kept(tmp_path: Path) -> None:
+    old = "1\n00:00:01,000 --> 00:00:02,000\nold run\n\n"
+    (tmp_path / "live.srt").write_text(old)
+    (tmp_path / "live.0001.srt").write_text(old)
+    run_sinks(SRTSink(FileSinkConfig(directory=str(tmp_path))), speed=10)
+    assert (tmp_path / "live.0002.srt").read_text() == old
+    assert srt_cues(tmp_path / "live.srt") == expected(reference_cues())
+
+
+@pytest.mark.parametrize("filename", ["../escape.srt", "/etc/x.srt", "a/../../b.srt"])
+def test_paths_outside_the_directory_are_refused(tmp_path: Path, filename: str) -> None:
+    with pytest.raises(ConfigError, match=r"^\[sinks.files\] filename"):
+        SRTSink(FileSinkConfig(directory=str(tmp_path / "out"), filename=filename))
+
+
+def test_symlinks_out_of_the_directory_are_refused(tmp_path: Path) -> None:
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    root = tmp_path / "captions"
+    root.mkdir()
+    (root / "sub").symlink_to(outside)
+    (root / "live.srt").symlink_to(outside / "victim.srt")
+    with pytest.raises(ConfigError, match="resolves outside directory"):
+        SRTSink(FileSinkConfig(directory=str(root), filename="sub/live.srt"))
+    with pytest.raises(ConfigError, match="resolves outside directory"):
+        SRTSink(FileSinkConfig(directory=str(root)))
+    assert list(outside.iterdir()) == []
+
+
+def test_full_disk_is_counted_and_retried_without_losing_cues(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    real = files._atomic_write
+    failures = {"left": 25}
+
+    def flaky(path: Path, data: bytes, fsync: bool) -> None:
+        if failures["left"] > 0:
+            failures["left"] -= 1
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+        real(path, data, fsync)
+
+    monkeypatch.setattr(files, "_atomic_write", flaky)
+    sink = SRTSink(FileSinkConfig(directory=str(tmp_path), retry_ms=10))
+
+    async def main() -> None:
+        await sink.start()
+        for state in script_states(script_words(), audio_per_tick=Fraction(4)):
+            sink.publish(state)  # the daemon keeps publishing while the disk is full
+            await asyncio.sleep(0.002)
+        while failures["left"] > 0 or sink.n_durable < sink.n_committed:
+            await asyncio.sleep(0.01)
+        await sink.close()
+
+    asyncio.run(main())
+    assert sink.n_write_errors == 25
+    assert "disk full" in caplog.text
+    assert srt_cues(tmp_path / "live.srt") == expected(reference_cues())
+
+
+def test_bad_config_is_one_line(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"\[sinks.srt\] rotate_bytes = -1: must be in"):
+        SRTSink.from_mapping({"directory": str(tmp_path), "rotate_bytes": -1})
+    with pytest.raises(ConfigError, match=r"\[sinks.srt\] unknown key 'dir'"):
+        SRTSink.from_mapping({"dir": str(tmp_path)})

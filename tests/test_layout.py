@@ -1,0 +1,180 @@
+"""Layout rules: line/cue limits, reading speed, durations, gaps, break places, roll-up."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from subd.errors import ConfigError
+from subd.layout import CueLayout, LayoutConfig, RollUp, token_of
+from subd.layout_rules import GLUE_WORDS
+from subd.sinks.scripted import SPEECH, script_states, script_words
+from subd.types import CaptionState, Cue, TaggedWord, Word
+
+MS = 1_000_000
+
+
+def lay_out(config: LayoutConfig, text: str = SPEECH, words_per_s: float = 2.5) -> list[Cue]:
+    layout = CueLayout(config)
+    cues: list[Cue] = []
+    for state in script_states(script_words(text, words_per_s=words_per_s)):
+        cues += layout.push(state.committed, state.audio_end_ns, state.tentative)
+    cues += layout.finish()
+    return cues
+
+
+def cue_words(cues: list[Cue]) -> list[str]:
+    """Words of the cues in order, hyphenated pieces of long words joined again."""
+    text = " ".join(" ".join(c.lines) for c in cues)
+    return re.sub(r"-\s+", "", text).split()
+
+
+def expected_words(text: str) -> list[str]:
+    return text.split()
+
+
+@pytest.mark.parametrize("chars", [42, 32])
+@pytest.mark.parametrize("words_per_s", [2.5, 4.0, 9.0])
+def test_cues_respect_limits_and_keep_every_word(chars: int, words_per_s: float) -> None:
+    config = LayoutConfig(max_chars_per_line=chars)
+    cues = lay_out(config, words_per_s=words_per_s)
+    assert cue_words(cues) == expected_words(SPEECH)  # nothing lost, duplicated or reordered
+    gap_ns = config.gap_ns
+    for cue in cues:
+        assert 1 <= len(cue.lines) <= 2
+        assert all(len(line) <= chars for line in cue.lines), cue.lines
+        assert cue.end_ns - cue.start_ns <= 7000 * MS
+        assert cue.committed
+    for a, b in zip(cues, cues[1:], strict=False):
+        assert b.start_ns - a.end_ns >= gap_ns, (a, b)  # at least 2 frames between cues
+        assert b.index == a.index + 1
+
+
+def test_normal_speech_meets_reading_speed_and_minimum_duration() -> None:
+    layout = CueLayout(LayoutConfig())
+    cues = []
+    for state in script_states(script_words(words_per_s=2.5)):
+        cues += layout.push(state.committed, state.audio_end_ns, state.tentative)
+    cues += layout.finish()
+    long_word_cues = [c for c in cues if any("-" in line for line in c.lines)]
+    for cue in cues:
+        duration_s = (cue.end_ns - cue.start_ns) / 1e9
+        assert duration_s >= 5 / 6 - 1e-9
+        chars = sum(len(line) for line in cue.lines)
+        if cue not in long_word_cues:
+            assert chars / duration_s <= 17.0 + 1e-6, cue
+    assert layout.stats.n_cues == len(cues)
+    assert layout.stats.n_cps_violations <= len(long_word_cues)
+
+
+def test_very_fast_speech_reports_reading_speed_violations() -> None:
+    layout = CueLayout(LayoutConfig(max_chars_per_line=32))
+    for state in script_states(script_words(words_per_s=12.0)):
+        layout.push(state.committed, state.audio_end_ns, state.tentative)
+    layout.finish()
+    stats = layout.stats
+    assert stats.n_cps_violations > 0  # too fast to read: counted, not hidden
+    assert stats.max_cps > 17.0
+
+
+def test_pause_starts_a_new_cue() -> None:
+    words = script_words("one two three", words_per_s=3)
+    late = script_words("four five", words_per_s=3, start_ns=words[-1].word.end_ns + 2000 * MS)
+    layout = CueLayout()
+    cues = layout.push(words + late, audio_end_ns=late[-1].word.end_ns) + layout.finish()
+    assert [c.lines for c in cues] == [("one two three",), ("four five",)]
+
+
+def test_long_word_is_hyphenated_to_fit_lines() -> None:
+    long = "Pneumonoultramicroscopicsilicovolcanoconiosis" * 2  # 90 characters
+    cues = lay_out(LayoutConfig(max_chars_per_line=32), f"He said {long} twice.", 2.0)
+    lines = [line for cue in cues for line in cue.lines]
+    assert all(len(line) <= 32 for line in lines)
+    assert cue_words(cues) == ["He", "said", long, "twice."]
+
+
+@pytest.mark.parametrize("n_filler", range(0, 12))
+def test_never_breaks_after_article_preposition_or_before_a_unit(n_filler: int) -> None:
+    filler = " ".join(["word"] * n_filler)
+    text = (
+        f"{filler} we met the president of the republic in a small town and 25 percent "
+        f"of the voters said that 10 km is far for an old man with a bad leg"
+    )
+    for chars in (32, 42):
+        cues = lay_out(LayoutConfig(max_chars_per_line=chars), text.strip(), 3.0)
+        for cue in cues:
+            for line in cue.lines:
+                last = line.split()[-1].lower()
+                assert last not in GLUE_WORDS, (chars, cue.lines)
+                assert not re.fullmatch(r"\d+", last), (chars, cue.lines)  # "25 | percent"
+
+
+def test_breaks_prefer_punctuation_and_tagger_preference() -> None:
+    text = "Well after all the long talks, we finally agreed on a plan for the summer"
+    cues = lay_out(LayoutConfig(), text, 3.0)
+    assert cues[0].lines[0] == "Well after all the long talks,"
+    words = list(script_words("alpha beta gamma delta epsilon zeta eta theta iota kappa lambda"))
+    words[3] = TaggedWord(words[3].word, words[3].text, break_after=1.0)  # break after "delta"
+    layout = CueLayout(LayoutConfig(max_chars_per_line=40))
+    cues = layout.push(words, words[-1].word.end_ns) + layout.finish()
+    assert cues[0].lines[0] == "alpha beta gamma delta"
+
+
+def test_numbers_are_kept_whole() -> None:
+    cues = lay_out(LayoutConfig(max_chars_per_line=32), "It cost 1,250,000 dollars in 2024.", 2)
+    assert cue_words(cues) == ["It", "cost", "1,250,000", "dollars", "in", "2024."]
+    assert any("1,250,000 dollars" in line for cue in cues for line in cue.lines)
+
+
+def test_apply_marks_the_open_cue_uncommitted() -> None:
+    layout = CueLayout()
+    word = TaggedWord(Word("hello", 0, 300 * MS), "Hello", case="cap")
+    state = layout.apply(CaptionState(k=0, due_ns=0, audio_end_ns=400 * MS, committed=(word,)))
+    assert state.cues == (Cue(1, 0, 300 * MS, ("Hello",), committed=False),)
+
+
+def test_case_and_punctuation_are_applied() -> None:
+    word = TaggedWord(Word("bbc", 0, 1), "bbc", punct="?", case="upper")
+    assert token_of(word).text == "BBC?"
+
+
+def test_rollup_shows_last_lines_with_tentative_tail_apart() -> None:
+    config = LayoutConfig(max_chars_per_line=32, mode="rollup")
+    rollup = RollUp(config)
+    for state in script_states(script_words()):
+        rollup.push(state.committed)
+        display = rollup.display(state.tentative)
+        assert len(display) <= 2
+        for line in display:
+            assert len(line.text) <= 32
+        for line in display[:-1]:  # a finished line never ends with an article/preposition
+            assert line.text.split()[-1].lower() not in GLUE_WORDS, display
+    final = rollup.display("")
+    assert final[-1].committed.endswith("good night.")
+    tail = rollup.display("and then some")
+    assert tail[-1].tentative.endswith("some") and "some" not in tail[-1].committed
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "fragment"),
+    [
+        ("max_chars_per_line", 5, "[layout] max_chars_per_line = 5: must be in 16..80"),
+        ("max_cps", 0.0, "[layout] max_cps"),
+        ("mode", "scroll", "must be one of 'popon', 'rollup'"),
+        ("fps", "abc", "[layout] fps = 'abc'"),
+        ("colour", 1, "unknown key 'colour'"),
+        ("max_lines", "2", "expected int"),
+    ],
+)
+def test_bad_config_is_one_line_error(key: str, value: object, fragment: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        LayoutConfig.from_mapping({key: value})
+    assert fragment in str(err.value)
+    assert "\n" not in str(err.value)
+
+
+def test_fractional_fps_gap_is_two_whole_frames() -> None:
+    config = LayoutConfig(fps="30000/1001")
+    assert config.gap_ns >= 2 * 1001 * 1_000_000_000 / 30000
+    assert config.gap_ns - 2 * 1001 * 1_000_000_000 / 30000 < 3
