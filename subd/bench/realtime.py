@@ -1,0 +1,280 @@
+"""``subd bench realtime``: publication accuracy and caption latency, subd vs a naive pipeline.
+
+subd: the file is paced at real time with ±jitter, the daemon publishes over SSE on loopback and
+a client in another process (SCHED_FIFO where allowed) stamps each event on arrival. Naive: the
+same paced audio, each recogniser update sent the moment it is done (what peers do). Prints
+publish-time error at the client, deadline misses, fallbacks, committed-word latency (word end
+→ committed), tentative latency, time to first caption and WER for both; plots both latency
+distributions to a PNG.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import multiprocessing as mp
+import re
+import socket
+import time
+from dataclasses import dataclass, field
+from fractions import Fraction
+from pathlib import Path
+
+import numpy as np
+
+from subd.errors import UserError
+
+LIBRIVOX_DIR = Path("/usr/share/pocketsphinx/test/data/librivox")
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("realtime", help="tick accuracy and caption latency vs naive push")
+    p.add_argument("--clip", help="speech file (default: a LibriVox test clip)")
+    p.add_argument("--transcript", help="reference text, or a file holding it")
+    p.add_argument("--latency-ms", type=int, default=2000)
+    p.add_argument("--jitter-ms", type=int, default=50)
+    p.add_argument("--model", default="tiny.en")
+    p.add_argument("--plot", default="realtime_latency.png", help="PNG output")
+    p.set_defaults(func=run)
+
+
+def normalise(text: str) -> list[str]:
+    text = re.sub(r"[^a-z0-9' ]+", " ", text.lower().replace("-", " "))
+    return text.split()
+
+
+def wer(ref: list[str], hyp: list[str]) -> float:
+    d = np.arange(len(hyp) + 1)
+    for i, r in enumerate(ref, 1):
+        prev, d = d, np.empty_like(d)
+        d[0] = i
+        for j, h in enumerate(hyp, 1):
+            d[j] = min(prev[j] + 1, d[j - 1] + 1, prev[j - 1] + (r != h))
+    return float(d[-1]) / max(1, len(ref))
+
+
+def default_clip() -> tuple[Path, str]:
+    table = LIBRIVOX_DIR / "transcription"
+    if not table.exists():
+        raise UserError("no --clip given and the LibriVox test clips are not installed "
+                        "(apt-get install pocketsphinx-testdata)")
+    line = table.read_text().splitlines()[0]
+    m = re.match(r"<s>\s*(.*?)\s*</s>\s*\((.+)\)", line)
+    if m is None:
+        raise UserError(f"{table}: unexpected format")
+    return LIBRIVOX_DIR / f"{m.group(2)}.wav", m.group(1)
+
+
+# ---- SSE client (its own process, real-time priority where allowed) ---------------------------
+
+
+def _sse_client(port: int, conn) -> None:
+    from subd.clock import request_realtime_priority
+
+    rt = request_realtime_priority(who="bench SSE client")
+    sock = socket.create_connection(("127.0.0.1", port))
+    sock.sendall(b"GET /events HTTP/1.1\r\nHost: localhost\r\nAccept: text/event-stream\r\n\r\n")
+    buf = b""
+    records = []
+    sock.settimeout(1.0)
+    idle = 0
+    while idle < 20:
+        try:
+            data = sock.recv(65536)
+        except TimeoutError:
+            idle += 1
+            continue
+        now = time.monotonic_ns()
+        if not data:
+            break
+        idle = 0
+        buf += data
+        for m in re.finditer(rb"data: (\{.*?\})\n", buf):
+            try:
+                ev = json.loads(m.group(1))
+            except ValueError:
+                continue
+            if "due_ns" in ev:
+                records.append((ev["k"], ev["due_ns"], now))
+        buf = buf[buf.rfind(b"\n\n") + 2:] if b"\n\n" in buf else buf
+    conn.send((rt, records))
+
+
+# ---- observation -------------------------------------------------------------------------------
+
+
+@dataclass
+class Observed:
+    t0_ns: int = 0
+    rate: Fraction = Fraction(1)
+    commits: list[tuple[int, int, str]] = field(default_factory=list)  # (end_ns, t, text)
+    reach: list[tuple[int, int]] = field(default_factory=list)  # (now, audio reached)
+    first_caption_ns: int | None = None
+    shown: list[tuple[int, int]] = field(default_factory=list)  # (word end, sent)
+
+    def spoken_ns(self, audio_ns: int) -> int:
+        return self.t0_ns + int(audio_ns / self.rate)
+
+    def on_hypothesis(self, result, now_ns: int) -> None:
+        hyp = result.hypothesis
+        for w in hyp.committed:
+            self.commits.append((w.end_ns, now_ns, w.text))
+        ends = [w.end_ns for w in (*hyp.committed, *hyp.tentative)]
+        if ends:
+            self.reach.append((now_ns, max(ends)))
+
+    def on_publish(self, state, sent_ns: int) -> None:
+        if self.first_caption_ns is None and (state.committed or state.tentative):
+            self.first_caption_ns = sent_ns
+        for tw in state.committed:
+            self.shown.append((tw.word.end_ns, sent_ns))
+
+    def latencies(self) -> dict[str, np.ndarray]:
+        commit = np.array([t - self.spoken_ns(e) for e, t, _ in self.commits]) / 1e6
+        tent = []
+        for end, _, _ in self.commits:
+            seen = next((now for now, r in self.reach if r >= end), None)
+            if seen is not None:
+                tent.append((seen - self.spoken_ns(end)) / 1e6)
+        shown = np.array([s - self.spoken_ns(e) for e, s in self.shown]) / 1e6
+        return {"commit": commit, "tentative": np.array(tent), "shown": shown}
+
+
+def pct(a: np.ndarray, q: float) -> float:
+    return float(np.percentile(a, q)) if a.size else float("nan")
+
+
+async def _run_subd(args, clip: Path) -> tuple[dict, Observed]:
+    from subd.config import load_config
+    from subd.daemon import Daemon, build_sink, sink_options
+    from subd.sources import FileSource
+
+    cfg = load_config(None)
+    cfg = cfg.replace(tick=cfg.tick.__class__(latency_ms=args.latency_ms),
+                      recognizer=cfg.recognizer.__class__(model=args.model))
+    source = FileSource.from_path(clip, jitter_ms=args.jitter_ms, seed=1)
+    obs = Observed()
+    sse = build_sink("sse", sink_options(cfg, "sse"))
+    daemon = Daemon(cfg, source, sinks=[sse], observer=obs, serve=("127.0.0.1", 0))
+    ctx = mp.get_context("spawn")
+    parent, child = ctx.Pipe()
+    loop = asyncio.get_running_loop()
+    run_task = asyncio.ensure_future(daemon.run())
+    while daemon.bound_port is None and not run_task.done():
+        await asyncio.sleep(0.01)
+    client = ctx.Process(target=_sse_client, args=(daemon.bound_port, child), daemon=True)
+    client.start()
+    obs.t0_ns = source.t0_ns
+    counters = await run_task
+    rt, records = await loop.run_in_executor(None, parent.recv)
+    client.join(5)
+    errors = np.array([(now - due) / 1e6 for _, due, now in records])
+    words = [text for _, _, text in obs.commits]
+    return {"counters": counters, "client_rt": rt, "errors_ms": errors, "words": words}, obs
+
+
+async def _run_naive(args, clip: Path) -> tuple[dict, Observed]:
+    """Each update's words are 'sent' the moment the recogniser returns them."""
+    from subd.clock import MonotonicClock
+    from subd.daemon import recognizer_spec
+    from subd.ring import AudioHistory
+    from subd.sources import FileSource
+    from subd.stages import FactorySpec, UpdateRequest
+    from subd.types import SAMPLE_RATE_HZ
+    from subd.worker import ProcessWorker
+
+    history = AudioHistory(40 * SAMPLE_RATE_HZ, shared=True)
+    worker = ProcessWorker("recognise", FactorySpec("subd.stages:RecogniserHost", {
+        "recognizer": recognizer_spec(args.model), "history_capacity": history.capacity,
+        "history_name": history.shm_name}))
+    await worker.start()
+    clock = MonotonicClock()
+    source = FileSource.from_path(clip, jitter_ms=args.jitter_ms, seed=1)
+    obs = Observed(t0_ns=await source.start(clock))
+    from subd.stages import FinishRequest
+
+    async def feed():
+        async for chunk in source.chunks():
+            history.write(chunk.start_sample, chunk.samples)
+
+    feeder = asyncio.ensure_future(feed())
+    words: list[str] = []
+    while True:
+        done = feeder.done()
+        end = history.end_sample
+        req = FinishRequest(end) if done else UpdateRequest(end)
+        result = await worker.call(req)
+        now = clock.now_ns()
+        obs.on_hypothesis(result, now)
+        for w in result.hypothesis.committed:
+            words.append(w.text)
+            obs.shown.append((w.end_ns, now))
+            if obs.first_caption_ns is None:
+                obs.first_caption_ns = now
+        if done:
+            break
+        await asyncio.sleep(0)
+    await worker.close()
+    history.close()
+    return {"words": words}, obs
+
+
+def _report(name: str, res: dict, obs: Observed, ref: list[str]) -> dict:
+    lat = obs.latencies()
+    out = {
+        "committed_latency_p50_ms": pct(lat["commit"], 50),
+        "committed_latency_p95_ms": pct(lat["commit"], 95),
+        "tentative_latency_p50_ms": pct(lat["tentative"], 50),
+        "display_latency_p50_ms": pct(lat["shown"], 50),
+        "display_latency_p99_minus_p1_ms": pct(lat["shown"], 99) - pct(lat["shown"], 1),
+        "time_to_first_caption_s": ((obs.first_caption_ns - obs.t0_ns) / 1e9
+                                    if obs.first_caption_ns else float("nan")),
+        "wer": wer(ref, normalise(" ".join(res["words"]))),
+    }
+    if "errors_ms" in res:
+        err = res["errors_ms"]
+        c = res["counters"]
+        out.update({"publish_error_p50_ms": pct(np.abs(err), 50),
+                    "publish_error_p99_ms": pct(np.abs(err), 99),
+                    "publish_error_max_ms": float(np.abs(err).max()) if err.size else 0.0,
+                    "events_at_client": int(err.size), "deadline_misses": c.deadline_misses,
+                    "fallbacks": c.fallbacks, "stale_slots": c.stale_slots,
+                    "degraded_ticks": c.degraded_ticks, "client_sched_fifo": res["client_rt"]})
+    print(f"{name}:")
+    for k, v in out.items():
+        print(f"  {k:34s} {v:.3f}" if isinstance(v, float) else f"  {k:34s} {v}")
+    return lat
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.clip:
+        clip = Path(args.clip)
+        text = args.transcript or ""
+        if text and Path(text).is_file():
+            text = Path(text).read_text()
+    else:
+        clip, text = default_clip()
+    ref = normalise(text)
+    res, obs = asyncio.run(_run_subd(args, clip))
+    naive, nobs = asyncio.run(_run_naive(args, clip))
+    lat_subd = _report("subd (pull, fixed latency D)", res, obs, ref)
+    lat_naive = _report("naive push", naive, nobs, ref)
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    bins = np.linspace(0, max(1.0, *(np.nanmax(x) if x.size else 0 for x in
+                                      (lat_subd["shown"], lat_naive["shown"]))), 60)
+    ax.hist(lat_subd["shown"], bins=bins, alpha=0.6, label=f"subd (D = {args.latency_ms} ms)")
+    ax.hist(lat_naive["shown"], bins=bins, alpha=0.6, label="naive push")
+    ax.set_xlabel("word end → shown to the viewer (ms)")
+    ax.set_ylabel("words")
+    ax.set_title(f"Caption latency, {clip.name}, ±{args.jitter_ms} ms input jitter")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(args.plot, dpi=110)
+    print(f"plot: {args.plot}")
+    return 0

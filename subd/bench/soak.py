@@ -1,0 +1,116 @@
+"""``subd bench soak``: ≥ 30 min of audio through the pipeline as fast as it allows.
+
+The clip is looped to ``--minutes`` of audio and fed to the recogniser worker process in
+``--step-ms`` pieces, each as soon as the previous update returned (no pacing), with the tag
+stage behind it. Prints the resident memory of both processes and the committed-word latency
+p95 — audio-timeline latency (fed audio end − word end) plus the update's compute time — at
+audio minute 2 and at the end, and the growth between them (target ≤ 2 %).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+
+from subd.errors import UserError
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("soak", help="memory and latency over ≥ 30 min of audio")
+    p.add_argument("--clip", help="speech file to loop (default: a LibriVox test clip)")
+    p.add_argument("--minutes", type=float, default=30.0)
+    p.add_argument("--step-ms", type=int, default=200, help="audio per recogniser update")
+    p.add_argument("--model", default="tiny.en")
+    p.set_defaults(func=run)
+
+
+def rss_mb(pid: int) -> float:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return float("nan")
+
+
+async def soak(args: argparse.Namespace, audio: np.ndarray) -> list[dict]:
+    from subd.daemon import recognizer_spec
+    from subd.ring import AudioHistory
+    from subd.stages import FactorySpec, FinishRequest, TagRequest, UpdateRequest, resolve_tagger
+    from subd.types import SAMPLE_RATE_HZ
+    from subd.worker import ProcessWorker
+
+    history = AudioHistory(40 * SAMPLE_RATE_HZ, shared=True)
+    rec = ProcessWorker("recognise", FactorySpec("subd.stages:RecogniserHost", {
+        "recognizer": recognizer_spec(args.model), "history_capacity": history.capacity,
+        "history_name": history.shm_name}))
+    tag = ProcessWorker("tag", FactorySpec("subd.stages:TagHost",
+                                           {"tagger": resolve_tagger("auto")}))
+    await asyncio.gather(rec.start(), tag.start())
+    total = int(args.minutes * 60 * SAMPLE_RATE_HZ)
+    step = args.step_ms * SAMPLE_RATE_HZ // 1000
+    fed = 0
+    latencies: list[float] = []
+    marks: list[dict] = []
+    next_mark = 2 * 60 * SAMPLE_RATE_HZ
+    n_tagged = 0
+    t_start = time.monotonic()
+    while fed < total:
+        end = min(total, fed + step)
+        for a in range(fed, end, audio.shape[0]):
+            pos = a % audio.shape[0]
+            n = min(end - a, audio.shape[0] - pos)
+            history.write(a, audio[pos:pos + n])
+        fed = end
+        final = fed >= total
+        result = await rec.call(FinishRequest(fed) if final else UpdateRequest(fed))
+        hyp = result.hypothesis
+        compute_ms = result.duration_ns / 1e6
+        for w in hyp.committed:
+            latencies.append((fed * 62_500 - w.end_ns) / 1e6 + compute_ms)
+        res = await tag.call(TagRequest(k=0, first_idx=n_tagged, committed=hyp.committed,
+                                        tentative=hyp.tentative, audio_end_ns=hyp.audio_end_ns,
+                                        flush=final))
+        n_tagged += len(hyp.committed)
+        del res
+        if fed >= next_mark or final:
+            recent = np.array(latencies[-500:]) if latencies else np.array([np.nan])
+            marks.append({"audio_min": fed / SAMPLE_RATE_HZ / 60,
+                          "rss_main_mb": rss_mb(os.getpid()),
+                          "rss_recogniser_mb": rss_mb(rec._proc.pid),  # noqa: SLF001
+                          "rss_tagger_mb": rss_mb(tag._proc.pid),  # noqa: SLF001
+                          "committed_p95_ms": float(np.percentile(recent, 95)),
+                          "realtime_factor": (fed / SAMPLE_RATE_HZ)
+                          / max(1e-9, time.monotonic() - t_start)})
+            print("  minute {audio_min:6.1f}: RSS main {rss_main_mb:.0f} MB, recogniser "
+                  "{rss_recogniser_mb:.0f} MB, tagger {rss_tagger_mb:.0f} MB; committed p95 "
+                  "{committed_p95_ms:.0f} ms; {realtime_factor:.1f}x real time"
+                  .format(**marks[-1]), flush=True)
+            next_mark = fed + 5 * 60 * SAMPLE_RATE_HZ if len(marks) > 1 else 7 * 60 * 16000
+    await asyncio.gather(rec.close(), tag.close())
+    history.close()
+    return marks
+
+
+def run(args: argparse.Namespace) -> int:
+    from subd.bench.realtime import default_clip
+    from subd.sources import load_audio
+
+    if args.minutes < 2.5:
+        raise UserError("--minutes must be at least 2.5 (the first mark is at minute 2)")
+    clip = Path(args.clip) if args.clip else default_clip()[0]
+    audio = load_audio(clip)
+    print(f"soak: {clip.name} looped to {args.minutes:.0f} min, {args.step_ms} ms per update")
+    marks = asyncio.run(soak(args, audio))
+    first, last = marks[0], marks[-1]
+    for key in ("rss_main_mb", "rss_recogniser_mb", "rss_tagger_mb", "committed_p95_ms"):
+        growth = (last[key] - first[key]) / first[key] * 100 if first[key] else float("nan")
+        print(f"{key:20s} minute 2: {first[key]:8.1f}   end: {last[key]:8.1f}   "
+              f"growth {growth:+.1f} %")
+    return 0

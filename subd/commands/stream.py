@@ -1,0 +1,93 @@
+"""``subd stream IN.wav``: the live pipeline on a file, paced like a live source."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import json
+import sys
+from pathlib import Path
+
+from subd.config import Config, load_config
+from subd.errors import UserError
+from subd.ticks import parse_fps, parse_rate
+
+
+def parse_host_port(text: str) -> tuple[str, int]:
+    host, sep, port = text.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise UserError(f"--serve {text!r}: expected HOST:PORT, e.g. 127.0.0.1:8765")
+    return host.strip("[]"), int(port)
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("stream", help="run the live pipeline on an audio file")
+    p.add_argument("input", help="audio file (WAV/FLAC/OGG)")
+    p.add_argument("--speed", default="1", help="pace at this many times real time (default 1)")
+    p.add_argument("--jitter-ms", type=int, default=0,
+                   help="deliver chunks randomly late by up to this many ms")
+    p.add_argument("--srt", help="write committed cues to this live SRT file")
+    p.add_argument("--events", help="write the JSON-lines events log here")
+    p.add_argument("--serve", metavar="HOST:PORT", help="serve /events (SSE) and /overlay")
+    p.add_argument("--latency-ms", type=int, help="D: audio-to-publication latency")
+    p.add_argument("--lookahead-ms", type=int, help="A: look-ahead fetch window (150)")
+    p.add_argument("--fps", help="tick rate: 30 (default), 25, 30000/1001 ...")
+    p.add_argument("--model", help="recogniser model (default tiny.en)")
+    p.add_argument("--config", help="configuration file (defaults: built in)")
+    p.add_argument("--seed", type=int, default=0, help="jitter random seed")
+    p.set_defaults(func=run)
+
+
+def stream_config(args: argparse.Namespace) -> Config:
+    cfg = load_config(args.config)
+    if args.jitter_ms < 0 or args.jitter_ms > 5000:
+        raise UserError(f"--jitter-ms {args.jitter_ms}: must be 0..5000")
+    speed = parse_rate(args.speed)
+    tick = cfg.tick
+    if args.fps is not None:
+        parse_fps(args.fps)
+        tick = dataclasses.replace(tick, fps=args.fps)
+    if args.latency_ms is not None:
+        if not 100 <= args.latency_ms <= 60_000:
+            raise UserError(f"--latency-ms {args.latency_ms}: must be 100..60000")
+        tick = dataclasses.replace(tick, latency_ms=args.latency_ms)
+    if args.lookahead_ms is not None:
+        if not 0 <= args.lookahead_ms < tick.latency_ms:
+            raise UserError(f"--lookahead-ms {args.lookahead_ms}: must be 0..latency")
+        tick = dataclasses.replace(tick, lookahead_ms=args.lookahead_ms)
+    source = dataclasses.replace(cfg.source, kind="file", path=args.input,
+                                 speed=float(speed), jitter_ms=args.jitter_ms, loop=False)
+    rec = cfg.recognizer
+    if args.model:
+        rec = dataclasses.replace(rec, model=args.model)
+    return cfg.replace(tick=tick, source=source, recognizer=rec)
+
+
+def run(args: argparse.Namespace) -> int:
+    from subd.daemon import Daemon, build_sink, build_source, sink_options
+
+    cfg = stream_config(args)
+    source = build_source(cfg, seed=args.seed)
+    source.speed = parse_rate(args.speed)
+    sinks = []
+    if args.srt:
+        out = Path(args.srt)
+        if not out.parent.is_dir():
+            raise UserError(f"--srt {out}: directory {out.parent} does not exist")
+        sinks.append(build_sink("srt", {"directory": str(out.parent.resolve()),
+                                        "filename": out.name}))
+    serve = None
+    if args.serve:
+        serve = parse_host_port(args.serve)
+        sinks.append(build_sink("sse", sink_options(cfg, "sse")))
+    if args.events:
+        out = Path(args.events)
+        if not out.parent.is_dir():
+            raise UserError(f"--events {out}: directory {out.parent} does not exist")
+    daemon = Daemon(cfg, source, sinks=sinks, events_path=args.events, serve=serve)
+    counters = asyncio.run(daemon.run())
+    summary = {k: v for k, v in counters.as_dict().items() if k != "stage_ms"}
+    print(json.dumps(summary), file=sys.stderr)
+    return 0
+

@@ -1,0 +1,237 @@
+"""Typed configuration: config.toml -> frozen per-section dataclasses, validated at load time.
+
+Each section is a frozen dataclass whose fields carry their allowed range in metadata
+(:func:`rng`, :func:`choice`). A bad key or value raises :class:`ConfigError` naming the
+section, the key and what is allowed, so the daemon never starts on a bad file.
+
+Other modules add their own sections in one of two ways:
+
+* ``@register_section("sse")`` on their dataclass: validated by :func:`load_config` whenever
+  the module was imported before loading;
+* or ``config.section("sse", SseConfig)`` at use time: the raw table is kept, and validated with
+  the same rules on first access (so unknown-at-load sections never break the daemon's core).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+from subd.errors import ConfigError
+
+T = TypeVar("T")
+
+_SECTIONS: dict[str, type] = {}
+
+
+def register_section(name: str):
+    def deco(cls: type[T]) -> type[T]:
+        _SECTIONS[name] = cls
+        return cls
+
+    return deco
+
+
+def rng(lo: float | None = None, hi: float | None = None) -> dict:
+    return {"range": (lo, hi)}
+
+
+def choice(*values: str) -> dict:
+    return {"choices": values}
+
+
+@register_section("tick")
+@dataclass(frozen=True, slots=True)
+class TickConfig:
+    fps: str = "30"  # exact rational: "30", "25", "30000/1001"
+    latency_ms: int = field(default=2000, metadata=rng(100, 60_000))
+    lookahead_ms: int = field(default=150, metadata=rng(0, 10_000))
+    realtime: bool = True  # ask for SCHED_FIFO (logged either way)
+    miss_tolerance_ms: float = field(default=0.0, metadata=rng(0, 1000))  # 0 = half a period
+
+
+@register_section("source")
+@dataclass(frozen=True, slots=True)
+class SourceConfig:
+    kind: str = field(default="auto", metadata=choice("auto", "file", "mic", "stdin", "http"))
+    path: str = ""  # file source; "" = the bundled demo clip
+    speed: float = field(default=1.0, metadata=rng(0.01, 1000))
+    jitter_ms: int = field(default=0, metadata=rng(0, 5000))
+    loop: bool = True  # file: start over at the end (a daemon keeps running)
+    device: str = ""  # microphone: index or name substring; "" = no microphone configured
+    chunk_ms: int = field(default=20, metadata=rng(1, 2000))
+    pcm_format: str = field(default="s16le", metadata=choice("s16le", "f32le"))
+
+
+@register_section("recognizer")
+@dataclass(frozen=True, slots=True)
+class RecognizerConfig:
+    model: str = "tiny.en"
+    factory: str = ""  # "" = subd.streaming.StreamingRecognizer(model); or "module:callable"
+    process: bool = True  # run in its own process (never share the publisher's GIL)
+    min_update_ms: int = field(default=200, metadata=rng(0, 10_000))
+    history_s: int = field(default=40, metadata=rng(31, 600))  # > Whisper's 30 s window
+    start_timeout_s: int = field(default=300, metadata=rng(1, 3600))
+
+
+@register_section("pipeline")
+@dataclass(frozen=True, slots=True)
+class PipelineConfig:
+    tagger: str = "auto"  # "auto" (subd.punct_stream if installed), "none", or "module:factory"
+    layout: str = "none"  # "none" or "module:factory"
+    tag_process: bool = True  # run a real tagger in its own process
+    drain_timeout_s: float = field(default=30.0, metadata=rng(0, 3600))
+
+
+@register_section("server")
+@dataclass(frozen=True, slots=True)
+class ServerConfig:
+    host: str = "127.0.0.1"
+    port: int = field(default=8765, metadata=rng(0, 65535))
+    push_token: str = ""  # bearer token for POST /push (HTTP audio source); "" = no push route
+
+
+@register_section("sinks")
+@dataclass(frozen=True, slots=True)
+class SinksConfig:
+    enabled: list[str] = field(default_factory=lambda: ["sse"])  # options: [sinks.NAME]
+
+
+@register_section("events")
+@dataclass(frozen=True, slots=True)
+class EventsConfig:
+    path: str = ""  # JSON-lines events log; "" = none
+
+
+def _type_name(tp: Any) -> str:
+    return getattr(tp, "__name__", str(tp))
+
+
+def _check_value(section: str, key: str, tp: Any, value: Any, meta: dict) -> Any:
+    where = f"[{section}] {key}"
+    origin = typing.get_origin(tp)
+    if origin is list:
+        (item_tp,) = typing.get_args(tp)
+        if not isinstance(value, list):
+            raise ConfigError(f"{where}: expected a list of {_type_name(item_tp)}")
+        return [_check_value(section, key, item_tp, v, {}) for v in value]
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{where}: expected true or false, got {value!r}")
+    elif tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{where}: expected an integer, got {value!r}")
+    elif tp is float:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ConfigError(f"{where}: expected a number, got {value!r}")
+        value = float(value)
+    elif tp is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"{where}: expected a string, got {value!r}")
+    lo, hi = meta.get("range", (None, None))
+    if (lo is not None and value < lo) or (hi is not None and value > hi):
+        raise ConfigError(f"{where}: {value!r} is out of range ({lo}..{hi})")
+    choices = meta.get("choices")
+    if choices and value not in choices:
+        raise ConfigError(f"{where}: {value!r} is not one of {', '.join(choices)}")
+    return value
+
+
+def build_section(name: str, cls: type[T], table: dict[str, Any]) -> T:
+    """Validate one TOML table into ``cls`` (a dataclass with defaults for every field)."""
+    if not isinstance(table, dict):
+        raise ConfigError(f"[{name}]: expected a table")
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(table) - set(fields))
+    if unknown:
+        raise ConfigError(
+            f"[{name}] {unknown[0]}: unknown key (known: {', '.join(sorted(fields))})"
+        )
+    values = {k: _check_value(name, k, hints[k], v, dict(fields[k].metadata))
+              for k, v in table.items()}
+    try:
+        obj = cls(**values)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"[{name}]: {exc}") from None
+    validate = getattr(obj, "validate", None)
+    if callable(validate):
+        validate()
+    return obj
+
+
+@dataclass(frozen=True, slots=True)
+class Config:
+    tick: TickConfig
+    source: SourceConfig
+    recognizer: RecognizerConfig
+    pipeline: PipelineConfig
+    server: ServerConfig
+    sinks: SinksConfig
+    events: EventsConfig
+    path: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)  # name -> validated section or raw table
+
+    def section(self, name: str, cls: type[T]) -> T:
+        """A section owned by another module, validated with the same rules."""
+        got = self.extra.get(name, {})
+        if isinstance(got, cls):
+            return got
+        return build_section(name, cls, got)
+
+    def replace(self, **sections: Any) -> Config:
+        return dataclasses.replace(self, **sections)
+
+
+_CORE = ("tick", "source", "recognizer", "pipeline", "server", "sinks", "events")
+
+
+def config_from_dict(data: dict[str, Any], path: str = "") -> Config:
+    core = {}
+    extra: dict[str, Any] = {}
+    for name, table in data.items():
+        if name in _CORE:
+            continue
+        if not isinstance(table, dict):
+            raise ConfigError(f"{name}: top-level keys must be tables ([{name}])")
+        cls = _SECTIONS.get(name)
+        extra[name] = build_section(name, cls, table) if cls else table
+    sinks_table = dict(data.get("sinks", {})) if isinstance(data.get("sinks"), dict) else {}
+    # [sinks.NAME] tables are the options of each sink, validated by the sink itself
+    extra["sink_options"] = {k: sinks_table.pop(k) for k in list(sinks_table)
+                             if isinstance(sinks_table[k], dict)}
+    data = {**data, "sinks": sinks_table}
+    for name in _CORE:
+        core[name] = build_section(name, _SECTIONS[name], data.get(name, {}))
+    from subd.ticks import parse_fps  # fps is a string: check it here, not at the first tick
+
+    try:
+        parse_fps(core["tick"].fps)
+    except ConfigError as exc:
+        raise ConfigError(f"[tick] {exc}") from None
+    return Config(**core, path=path, extra=extra)
+
+
+def load_config(path: str | Path | None = None) -> Config:
+    """Load ``path`` (None: built-in defaults). One-line ConfigError on any problem."""
+    if path is None:
+        return config_from_dict({})
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"{p}: configuration file not found") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{p}: cannot read configuration: {exc}") from None
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{p}: invalid TOML: {exc}") from None
+    try:
+        return config_from_dict(data, str(p))
+    except ConfigError as exc:
+        raise ConfigError(f"{p}: {exc}") from None

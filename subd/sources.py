@@ -1,0 +1,333 @@
+"""Audio sources: a file paced at real time (or ``--speed X``, with ``--jitter-ms``), raw PCM on
+stdin, a microphone through PyAudio, and HTTP push of PCM chunks.
+
+Every source yields contiguous 16 kHz mono float32 :class:`AudioChunk`s and says, at ``start``,
+the monotonic time of its sample 0 (``t0_ns``). Files carry no clock of their own (``live`` is
+False: the nominal rate is exact); the others are live and their drift is estimated.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import sys
+from collections.abc import AsyncIterator, Awaitable, Callable
+from fractions import Fraction
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import numpy as np
+
+from subd.clock import Clock
+from subd.errors import AudioInputError
+from subd.types import SAMPLE_RATE_HZ, AudioChunk
+
+NS_PER_S = 1_000_000_000
+
+
+def load_audio(path: str | Path) -> np.ndarray:
+    """Any soundfile-readable file -> float32 mono 16 kHz. One-line AudioInputError otherwise."""
+    import soundfile as sf
+
+    p = Path(path)
+    if not p.exists():
+        raise AudioInputError(f"{p}: no such file")
+    if p.is_dir():
+        raise AudioInputError(f"{p}: is a directory, not an audio file")
+    try:
+        data, rate_hz = sf.read(str(p), dtype="float32", always_2d=True)
+    except (sf.LibsndfileError, RuntimeError, TypeError, ValueError) as exc:
+        raise AudioInputError(f"{p}: cannot read audio ({exc})") from None
+    if data.shape[0] == 0:
+        raise AudioInputError(f"{p}: holds no audio samples")
+    mono = data.mean(axis=1, dtype=np.float32) if data.shape[1] > 1 else data[:, 0]
+    if rate_hz != SAMPLE_RATE_HZ:
+        import soxr
+
+        mono = soxr.resample(mono, rate_hz, SAMPLE_RATE_HZ, quality="HQ").astype(np.float32)
+    if not np.all(np.isfinite(mono)):
+        raise AudioInputError(f"{p}: contains NaN or infinite samples")
+    return np.ascontiguousarray(mono, dtype=np.float32)
+
+
+def pcm_to_float(raw: bytes, fmt: str) -> np.ndarray:
+    if fmt == "s16le":
+        return np.frombuffer(raw, dtype="<i2").astype(np.float32) / 32768.0
+    if fmt == "f32le":
+        out = np.frombuffer(raw, dtype="<f4").astype(np.float32)
+        if not np.all(np.isfinite(out)):
+            raise AudioInputError("PCM input contains NaN or infinite samples")
+        return out
+    raise AudioInputError(f"unknown PCM format {fmt!r} (use s16le or f32le)")
+
+
+def bytes_per_sample(fmt: str) -> int:
+    return 2 if fmt == "s16le" else 4
+
+
+class FileSource:
+    """A file delivered in ``chunk_ms`` chunks at ``speed``× real time; each chunk arrives up
+    to ``jitter_ms`` late (random, order kept). ``speed=None`` delivers as fast as the pipeline
+    takes it (held back only by the recogniser)."""
+
+    live = False
+    pullable = True
+
+    def __init__(self, audio: np.ndarray, *, speed: Fraction | None = Fraction(1),
+                 jitter_ms: int = 0, chunk_ms: int = 20, loops: int = 1, seed: int = 0,
+                 name: str = "file") -> None:
+        if audio.ndim != 1 or audio.shape[0] == 0:
+            raise AudioInputError(f"{name}: no audio")
+        self.audio = audio
+        self.speed = speed
+        self.jitter_ns = int(jitter_ms) * 1_000_000
+        self.chunk_samples = max(1, SAMPLE_RATE_HZ * int(chunk_ms) // 1000)
+        self.loops = max(1, int(loops))
+        self._rng = random.Random(seed)
+        self.name = name
+        self.t0_ns = 0
+        self._clock: Clock | None = None
+
+    @classmethod
+    def from_path(cls, path: str | Path, **kwargs: Any) -> FileSource:
+        return cls(load_audio(path), name=str(path), **kwargs)
+
+    @property
+    def total_samples(self) -> int:
+        return self.audio.shape[0] * self.loops
+
+    async def start(self, clock: Clock) -> int:
+        self._clock = clock
+        self.t0_ns = clock.now_ns()
+        return self.t0_ns
+
+    def release_ns(self, end_sample: int) -> int:
+        """Nominal arrival of the chunk ending at ``end_sample`` (before jitter)."""
+        assert self.speed is not None
+        num = end_sample * NS_PER_S * self.speed.denominator
+        return self.t0_ns + num // (SAMPLE_RATE_HZ * self.speed.numerator)
+
+    async def chunks(self) -> AsyncIterator[AudioChunk]:
+        assert self._clock is not None, "start() first"
+        n = self.audio.shape[0]
+        last_ns = 0
+        for loop in range(self.loops):
+            for a in range(0, n, self.chunk_samples):
+                b = min(n, a + self.chunk_samples)
+                start = loop * n + a
+                if self.speed is not None:
+                    jitter = self._rng.randint(0, self.jitter_ns) if self.jitter_ns else 0
+                    last_ns = max(last_ns, self.release_ns(start + b - a) + jitter)
+                    await self._clock.sleep_until(last_ns, precise=False)
+                else:
+                    await asyncio.sleep(0)
+                yield AudioChunk(start_sample=start, samples=self.audio[a:b])
+
+
+class PcmStreamSource:
+    """Raw PCM (s16le or f32le, 16 kHz mono) from a byte stream such as stdin."""
+
+    live = True
+    pullable = True
+
+    def __init__(self, stream: BinaryIO | None = None, *, fmt: str = "s16le",
+                 chunk_ms: int = 20, name: str = "stdin") -> None:
+        if fmt not in ("s16le", "f32le"):
+            raise AudioInputError(f"unknown PCM format {fmt!r} (use s16le or f32le)")
+        self.stream = stream if stream is not None else sys.stdin.buffer
+        self.fmt = fmt
+        self.width = bytes_per_sample(fmt)
+        self.chunk_bytes = max(1, SAMPLE_RATE_HZ * chunk_ms // 1000) * self.width
+        self.name = name
+        self._first: np.ndarray | None = None
+        self._carry = b""
+
+    async def _read(self) -> np.ndarray | None:
+        loop = asyncio.get_running_loop()
+        raw = await loop.run_in_executor(None, self.stream.read, self.chunk_bytes)
+        if not raw:
+            return None
+        raw = self._carry + raw
+        cut = len(raw) - len(raw) % self.width
+        self._carry = raw[cut:]
+        return pcm_to_float(raw[:cut], self.fmt)
+
+    async def start(self, clock: Clock) -> int:
+        first = await self._read()
+        if first is None or first.shape[0] == 0:
+            raise AudioInputError(f"{self.name}: no PCM data")
+        self._first = first
+        # the first chunk arrived when its last sample was captured
+        return clock.now_ns() - first.shape[0] * NS_PER_S // SAMPLE_RATE_HZ
+
+    async def chunks(self) -> AsyncIterator[AudioChunk]:
+        pos = 0
+        block = self._first
+        while block is not None:
+            if block.shape[0]:
+                yield AudioChunk(start_sample=pos, samples=block)
+                pos += block.shape[0]
+            block = await self._read()
+
+
+class QueueSource:
+    """Live chunks handed over by another thread or handler (microphone, HTTP push)."""
+
+    live = True
+    pullable = False
+
+    def __init__(self, name: str, max_chunks: int = 512) -> None:
+        self.name = name
+        self._queue: asyncio.Queue[np.ndarray | None] = asyncio.Queue(max_chunks)
+        self.next_sample = 0
+        self.dropped_chunks = 0
+        self.ended = False
+        self._first: np.ndarray | None = None
+
+    def push(self, samples: np.ndarray) -> bool:
+        """Queue a chunk (event-loop thread). False if the queue is full (chunk dropped)."""
+        if self.ended:
+            return False
+        try:
+            self._queue.put_nowait(samples)
+        except asyncio.QueueFull:
+            self.dropped_chunks += 1
+            return False
+        return True
+
+    def end(self) -> None:
+        if not self.ended:
+            self.ended = True
+            try:
+                self._queue.put_nowait(None)
+            except asyncio.QueueFull:
+                pass
+
+    async def start(self, clock: Clock) -> int:
+        first = await self._queue.get()
+        if first is None:
+            raise AudioInputError(f"{self.name}: stream ended before any audio")
+        self._first = first
+        return clock.now_ns() - first.shape[0] * NS_PER_S // SAMPLE_RATE_HZ
+
+    async def chunks(self) -> AsyncIterator[AudioChunk]:
+        block = self._first
+        while block is not None:
+            yield AudioChunk(start_sample=self.next_sample, samples=block)
+            self.next_sample += block.shape[0]
+            if self.ended and self._queue.empty():
+                return
+            block = await self._queue.get()
+
+
+class MicSource(QueueSource):
+    """A microphone through PyAudio (extra ``mic``). Opened by ``open()``; errors are one line."""
+
+    def __init__(self, device: str = "", chunk_ms: int = 20) -> None:
+        super().__init__("microphone")
+        self.device = device
+        self.chunk_frames = max(1, SAMPLE_RATE_HZ * chunk_ms // 1000)
+        self._pa: Any = None
+        self._stream: Any = None
+
+    @staticmethod
+    def _pyaudio() -> Any:
+        try:
+            import pyaudio
+        except ImportError:
+            raise AudioInputError(
+                "microphone input needs PyAudio: pip install 'subd[mic]' "
+                "(and apt-get install portaudio19-dev)"
+            ) from None
+        return pyaudio
+
+    def _find_device(self, pa: Any) -> int:
+        inputs = []
+        for i in range(pa.get_device_count()):
+            info = pa.get_device_info_by_index(i)
+            if int(info.get("maxInputChannels", 0)) > 0:
+                inputs.append((i, str(info.get("name", ""))))
+        if not inputs:
+            raise AudioInputError("no microphone found (PyAudio lists no input device)")
+        want = self.device.strip()
+        if not want:
+            return inputs[0][0]
+        if want.isdigit():
+            if int(want) in {i for i, _ in inputs}:
+                return int(want)
+        else:
+            for i, name in inputs:
+                if want.lower() in name.lower():
+                    return i
+        names = "; ".join(f"{i}: {n}" for i, n in inputs)
+        raise AudioInputError(f"no input device matches {want!r} (inputs: {names})")
+
+    def open(self) -> None:
+        pyaudio = self._pyaudio()
+        loop = asyncio.get_running_loop()
+        self._pa = pa = pyaudio.PyAudio()
+        try:
+            index = self._find_device(pa)
+
+            def callback(in_data: bytes, frame_count: int, time_info: Any, status: int):
+                samples = pcm_to_float(in_data, "s16le")
+                loop.call_soon_threadsafe(self.push, samples)
+                return (None, pyaudio.paContinue)
+
+            self._stream = pa.open(format=pyaudio.paInt16, channels=1, rate=SAMPLE_RATE_HZ,
+                                   input=True, input_device_index=index,
+                                   frames_per_buffer=self.chunk_frames,
+                                   stream_callback=callback)
+        except AudioInputError:
+            self.close()
+            raise
+        except Exception as exc:  # noqa: BLE001 - PortAudio errors come as OSError/IOError
+            self.close()
+            raise AudioInputError(f"cannot open microphone at 16 kHz mono: {exc}") from None
+
+    def close(self) -> None:
+        if self._stream is not None:
+            try:
+                self._stream.stop_stream()
+                self._stream.close()
+            except Exception:  # noqa: BLE001
+                pass
+            self._stream = None
+        if self._pa is not None:
+            self._pa.terminate()
+            self._pa = None
+        self.end()
+
+
+def make_push_handler(source: QueueSource, *, token: str = "", fmt: str = "s16le",
+                      max_bytes: int = 1 << 20) -> Callable[[Any], Awaitable[Any]]:
+    """An aiohttp handler for ``POST /push``: the body is raw PCM (16 kHz mono, ``?format=``
+    s16le or f32le); ``?end=1`` ends the stream. Bearer token required when ``token`` is set."""
+    from aiohttp import web
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        if token and request.headers.get("Authorization", "") != f"Bearer {token}":
+            return web.json_response({"error": "missing or wrong bearer token"}, status=401)
+        if request.content_length is not None and request.content_length > max_bytes:
+            return web.json_response({"error": f"chunk over {max_bytes} bytes"}, status=413)
+        if source.ended:
+            return web.json_response({"error": "stream already ended"}, status=410)
+        chunk_fmt = request.query.get("format", fmt)
+        if chunk_fmt not in ("s16le", "f32le"):
+            return web.json_response({"error": "format must be s16le or f32le"}, status=400)
+        raw = await request.content.read(max_bytes + 1)
+        if len(raw) > max_bytes:
+            return web.json_response({"error": f"chunk over {max_bytes} bytes"}, status=413)
+        if len(raw) % bytes_per_sample(chunk_fmt):
+            return web.json_response({"error": "body is not whole samples"}, status=400)
+        try:
+            samples = pcm_to_float(raw, chunk_fmt)
+        except AudioInputError as exc:
+            return web.json_response({"error": str(exc)}, status=400)
+        if samples.shape[0] and not source.push(samples):
+            return web.json_response({"error": "ingest queue full"}, status=503)
+        if request.query.get("end") in ("1", "true"):
+            source.end()
+        return web.Response(status=204)
+
+    return handler

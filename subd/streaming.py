@@ -1,0 +1,252 @@
+"""Streaming recognition over the Whisper engine: a sliding window and a commit policy.
+
+Policy (LocalAgreement-2 with bounded lag):
+
+* Each ``update`` decodes the window [window_start, audio_end) — always padded to Whisper's 30 s
+  input, so the engine sees exactly what it was trained on — with the committed text as the
+  previous-text prompt.
+* Words of the new hypothesis that lie before the commit point are dropped; a word is committed
+  when two consecutive hypotheses agree on it (same normalised text, in order), or when it is older
+  than ``max_tentative_ms`` (bounded latency), or when the voice-activity detector shows a pause
+  of ``pause_commit_ms`` after it (end of an utterance: nothing will change it any more).
+* Committed words are never changed or retracted. After each commit the window start moves up to
+  the commit point once ``trim_after_ms`` of committed audio has built up, so the window (and the
+  cost of an update) stays bounded however long the stream runs. The window can never overflow
+  30 s: at ``max_window_ms`` without a commit, all but the last hypothesis word are committed and
+  the window is cut there (DESIGN: "it drops speech").
+* Windows without speech are not decoded (VAD gating); loops are caught by the engine's
+  repetition guard and its capped temperature fallback.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from subd.errors import ConfigError
+from subd.models.engine import WINDOW_SAMPLES, WhisperEngine
+from subd.ring import AudioHistory
+from subd.types import SAMPLE_RATE_HZ, AudioChunk, Hypothesis, Word, ns_to_samples, samples_to_ns
+from subd.vad import VoiceActivityDetector
+
+NS_PER_MS = 1_000_000
+PROMPT_WORDS = 60  # committed words given as context (≈ 80 tokens)
+LEAD_IN_SAMPLES = SAMPLE_RATE_HZ  # audio kept before the commit point when the window moves
+
+
+@dataclass(frozen=True, slots=True)
+class StreamingConfig:
+    model: str = "tiny.en"
+    precision: str = "int8"  # "int8" or "fp32"
+    threads: int = 0  # 0: all cores
+    min_update_ms: int = 200  # new audio needed before another decode
+    max_tentative_ms: int = 1200  # a hypothesis word older than this is committed
+    pause_commit_ms: int = 600  # silence after the last word commits the tail
+    trim_after_ms: int = 6000  # committed audio kept in the window before trimming
+    max_window_ms: int = 24000  # force a commit/cut before the 30 s window can overflow
+    vad: bool = True
+
+    def __post_init__(self) -> None:
+        checks = {
+            "min_update_ms": (self.min_update_ms, 20, 5000),
+            "max_tentative_ms": (self.max_tentative_ms, 200, 20000),
+            "pause_commit_ms": (self.pause_commit_ms, 100, 10000),
+            "trim_after_ms": (self.trim_after_ms, 500, 20000),
+            "max_window_ms": (self.max_window_ms, 4000, 28000),
+        }
+        for key, (value, lo, hi) in checks.items():
+            if not lo <= value <= hi:
+                raise ConfigError(f"[recognizer] {key} = {value}: must be in {lo}..{hi}")
+        if self.precision not in ("int8", "fp32"):
+            raise ConfigError(f"[recognizer] precision = {self.precision!r}: must be int8 or fp32")
+
+
+def _norm(text: str) -> str:
+    return re.sub(r"[^\w']+", "", text.lower())
+
+
+@dataclass(slots=True)
+class _State:
+    window_start: int = 0  # sample where the decoded window starts
+    committed_end_ns: int = 0  # audio time up to which words are committed
+    committed: list[Word] = field(default_factory=list)
+    previous: list[Word] = field(default_factory=list)  # last hypothesis after the commit point
+    last_decode_end: int = 0  # audio_end (samples) at the last decode
+
+
+class StreamingRecognizer:
+    def __init__(self, model: str = "tiny.en", *, engine: WhisperEngine | None = None, **opts):
+        self.config = StreamingConfig(model=model, **opts)
+        c = self.config
+        self.engine = engine or WhisperEngine.load(
+            c.model, threads=c.threads or None, quantize=c.precision == "int8"
+        )
+        self.audio = AudioHistory(WINDOW_SAMPLES + 2 * SAMPLE_RATE_HZ)
+        self.vad = VoiceActivityDetector() if c.vad else None
+        self.state = _State()
+        self.n_decodes = 0
+        self.n_forced_cuts = 0
+
+    # -- input -----------------------------------------------------------------------------
+
+    def accept(self, chunk: AudioChunk) -> None:
+        self.audio.write(chunk.start_sample, np.asarray(chunk.samples, dtype=np.float32))
+
+    @property
+    def audio_end_ns(self) -> int:
+        return samples_to_ns(self.audio.end_sample)
+
+    # -- recognition -----------------------------------------------------------------------
+
+    def update(self) -> Hypothesis:
+        """Decode the current window if enough new audio arrived; commit what is settled."""
+        c, st = self.config, self.state
+        end = self.audio.end_sample
+        if end - st.last_decode_end < c.min_update_ms * SAMPLE_RATE_HZ // 1000:
+            return self._hypothesis([])
+        st.last_decode_end = end
+        st.window_start = max(st.window_start, end - WINDOW_SAMPLES, self.audio.start_sample)
+        window = self.audio.read(st.window_start, end)
+        if self.vad is not None and not self._has_speech(window):
+            return self._on_silence(end)
+        words = self._decode(window)
+        newly = self._commit(words, end)
+        newly += self._trim(end)
+        return self._hypothesis(newly)
+
+    def finish(self) -> Hypothesis:
+        """End of stream: decode what is left once more and commit everything."""
+        st = self.state
+        end = self.audio.end_sample
+        newly: list[Word] = []
+        if end > st.window_start:
+            window = self.audio.read(st.window_start, end)
+            if self.vad is None or self._has_speech(window):
+                words = self._decode(window)
+                newly = self._take(words)
+        newly += self._take(st.previous)
+        st.previous = []
+        return Hypothesis(committed=tuple(newly), tentative=(), audio_end_ns=samples_to_ns(end))
+
+    # -- internals -------------------------------------------------------------------------
+
+    def _has_speech(self, window: np.ndarray) -> bool:
+        return bool(self.vad.speech_regions(window))
+
+    def _decode(self, window: np.ndarray) -> list[Word]:
+        st = self.state
+        prompt = None
+        # context = committed words *before* the window: words inside it are in its audio, and
+        # a prompt that already holds them makes Whisper skip them (lost words)
+        window_start_ns = samples_to_ns(st.window_start)
+        before = [w for w in st.committed[-PROMPT_WORDS:] if w.end_ns <= window_start_ns]
+        if before:
+            prompt = self.engine.tokenizer.encode(" " + " ".join(w.text for w in before))
+        result = self.engine.transcribe_window(window, prompt)
+        self.n_decodes += 1
+        offset_ns = samples_to_ns(st.window_start)
+        words = []
+        for w in result.words:
+            text = w.text.strip()
+            if not text:
+                continue
+            words.append(
+                Word(
+                    text=text,
+                    start_ns=offset_ns + int(w.start_s * 1e9),
+                    end_ns=offset_ns + int(w.end_s * 1e9),
+                    probability=w.probability,
+                )
+            )
+        return self._after_commit_point(words)
+
+    def _after_commit_point(self, words: list[Word]) -> list[Word]:
+        """Drop hypothesis words that re-state committed audio (Whisper repeats its context).
+
+        Word times move by ±100 ms between decodes, so the cut is by start time with a margin,
+        and then by text: a leading 1–5-gram equal to the committed tail is removed.
+        """
+        st = self.state
+        cut = st.committed_end_ns - 100 * NS_PER_MS
+        out = [w for w in words if w.start_ns >= cut]
+        if not st.committed or not out or out[0].start_ns > st.committed_end_ns + 1_000 * NS_PER_MS:
+            return out
+        tail = [_norm(w.text) for w in st.committed[-5:]]
+        for n in range(min(5, len(out), len(tail)), 0, -1):
+            if [_norm(w.text) for w in out[:n]] == tail[-n:]:
+                return out[n:]
+        return out
+
+    def _commit(self, words: list[Word], end: int) -> list[Word]:
+        c, st = self.config, self.state
+        agreed = 0
+        for old, new in zip(st.previous, words, strict=False):
+            if _norm(old.text) != _norm(new.text):
+                break
+            agreed += 1
+        end_ns = samples_to_ns(end)
+        n = agreed
+        while n < len(words) and end_ns - words[n].end_ns >= c.max_tentative_ms * NS_PER_MS:
+            n += 1
+        window_ms = (end - st.window_start) * 1000 // SAMPLE_RATE_HZ
+        if window_ms >= c.max_window_ms and n < len(words) - 1:
+            n = len(words) - 1  # never let the window overflow: commit all but the last word
+            self.n_forced_cuts += 1
+        newly = self._take(words[:n])
+        st.previous = words[n:]
+        if window_ms >= c.max_window_ms and not newly and not st.previous:
+            st.window_start = end - 2 * SAMPLE_RATE_HZ  # no words at all: keep 2 s of context
+        return newly
+
+    def _take(self, words: list[Word]) -> list[Word]:
+        """Commit ``words`` (monotonic in time, never before the commit point)."""
+        st = self.state
+        out = []
+        for w in words:
+            if w.end_ns <= st.committed_end_ns and st.committed:
+                continue
+            start = max(w.start_ns, st.committed_end_ns)
+            word = Word(w.text, start, max(start, w.end_ns), w.probability)
+            out.append(word)
+            st.committed.append(word)
+            st.committed_end_ns = word.end_ns
+        if len(st.committed) > 4 * PROMPT_WORDS:
+            del st.committed[:-PROMPT_WORDS]
+        return out
+
+    def _on_silence(self, end: int) -> Hypothesis:
+        """No speech in the window: the tentative tail is final; skip the silence."""
+        st = self.state
+        newly = self._take(st.previous)
+        st.previous = []
+        commit = ns_to_samples(st.committed_end_ns) - LEAD_IN_SAMPLES
+        st.window_start = max(st.window_start, min(end - LEAD_IN_SAMPLES, commit))
+        return self._hypothesis(newly)
+
+    def _trim(self, end: int) -> list[Word]:
+        """Move the window start up to the commit point; commit the tail at a pause."""
+        c, st = self.config, self.state
+        commit_sample = ns_to_samples(st.committed_end_ns)
+        if commit_sample - st.window_start >= c.trim_after_ms * SAMPLE_RATE_HZ // 1000:
+            # keep a second before the commit point: a cut exactly at a word boundary (±100 ms
+            # from DTW) clips the next word's onset; the repeated words are dropped again
+            st.window_start = max(st.window_start, min(commit_sample, end) - LEAD_IN_SAMPLES)
+        if self.vad is not None and st.previous:
+            # a pause after the last hypothesis word: the utterance has ended
+            last_end = ns_to_samples(st.previous[-1].end_ns)
+            tail = self.audio.read(max(last_end, st.window_start), end) if last_end < end else None
+            pause = c.pause_commit_ms * SAMPLE_RATE_HZ // 1000
+            if tail is not None and tail.shape[0] >= pause and not self._has_speech(tail):
+                newly = self._take(st.previous)
+                st.previous = []
+                return newly
+        return []
+
+    def _hypothesis(self, newly: list[Word]) -> Hypothesis:
+        return Hypothesis(
+            committed=tuple(newly),
+            tentative=tuple(self.state.previous),
+            audio_end_ns=self.audio_end_ns,
+        )

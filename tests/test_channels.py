@@ -1,0 +1,245 @@
+"""A failing channel is restarted with backoff or marked failed; the others keep running."""
+
+from __future__ import annotations
+
+import asyncio
+
+from subd.channels import (
+    FAILED,
+    RESTARTING,
+    RUNNING,
+    STOPPED,
+    Channel,
+    ChannelSupervisor,
+    RestartPolicy,
+)
+from subd.health import HealthMonitor
+
+S = 1_000_000_000
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.t_ns = 0
+        self.sleeps_ns: list[int] = []
+
+    def now_ns(self) -> int:
+        return self.t_ns
+
+    async def sleep_until(self, deadline_ns: int, *, precise: bool = True) -> int:
+        self.sleeps_ns.append(deadline_ns - self.t_ns)
+        self.t_ns = max(self.t_ns, deadline_ns)
+        await asyncio.sleep(0)
+        return self.t_ns
+
+
+class Ticking:
+    """A healthy channel: ticks until asked to stop, then drains and returns."""
+
+    def __init__(self, name: str, clock: FakeClock, health: HealthMonitor) -> None:
+        self.name, self.clock, self.health = name, clock, health
+        self.ticks = 0
+        self._stop = asyncio.Event()
+        self.drained = False
+
+    async def run(self) -> None:
+        while not self._stop.is_set():
+            self.ticks += 1
+            self.health.tick(self.name, self.ticks, self.clock.t_ns)
+            await asyncio.sleep(0)
+        self.drained = True
+
+    def request_stop(self) -> None:
+        self._stop.set()
+
+    def status(self):
+        return {"ticks": self.ticks}
+
+
+class Broken:
+    """A channel whose source keeps failing (the file vanished)."""
+
+    def __init__(self, name: str, fail_times: int | None = None) -> None:
+        self.name = name
+        self.runs = 0
+        self.fail_times = fail_times
+        self.cancelled = False
+
+    async def run(self) -> None:
+        self.runs += 1
+        if self.fail_times is None or self.runs <= self.fail_times:
+            async with asyncio.TaskGroup() as tg:  # its own task set: one task fails
+                tg.create_task(self._ingest())
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            self.cancelled = True
+            raise
+
+    async def _ingest(self) -> None:
+        raise FileNotFoundError(f"/srv/{self.name}.wav: no such file")
+
+    def status(self):
+        return {"runs": self.runs}
+
+
+def _hooks(health: HealthMonitor, seen: list):
+    def on_state(name: str, state: str, detail: str) -> None:
+        seen.append((name, state))
+        health.set_state(name, state, detail)
+
+    return on_state
+
+
+async def _until(predicate, limit: int = 10_000) -> None:
+    for _ in range(limit):
+        if predicate():
+            return
+        await asyncio.sleep(0)
+    raise AssertionError("condition never became true")
+
+
+def test_failing_channel_gives_up_while_the_other_keeps_ticking():
+    clock = FakeClock()
+    health = HealthMonitor(now_ns=clock.now_ns)
+    health.set_model_loaded()
+    policy = RestartPolicy(initial_backoff_ns=S // 2, max_backoff_ns=4 * S, max_failures=5,
+                           window_ns=300 * S)
+    seen: list = []
+
+    async def main():
+        sup = ChannelSupervisor(policy, clock, on_state=_hooks(health, seen))
+        good = Ticking("studio", clock, health)
+        bad = Broken("hall")
+        assert isinstance(good, Channel) and isinstance(bad, Channel)
+        sup.start(good)
+        sup.start(bad)
+        await _until(lambda: sup.states()["hall"].state == FAILED)
+        ticks_at_failure = good.ticks
+        await _until(lambda: good.ticks > ticks_at_failure + 100)
+        states = sup.states()
+        assert states["studio"].state == RUNNING
+        assert states["hall"].restarts == 4
+        assert "FileNotFoundError: /srv/hall.wav: no such file" in states["hall"].last_error
+        assert states["hall"].detail == {"runs": 5}
+        report = health.report(now_ns=clock.t_ns)
+        assert report.status == "fail"
+        assert report.channels["studio"].ok
+        assert not report.channels["hall"].ok
+        assert "channel failed" in report.channels["hall"].problems[0]
+        assert await sup.stop_all(timeout_s=1.0)
+        assert good.drained
+
+    asyncio.run(main())
+    assert clock.sleeps_ns == [S // 2, S, 2 * S, 4 * S]  # doubling backoff, capped at 4 s
+    assert seen.count(("hall", RESTARTING)) == 4
+    assert ("hall", FAILED) in seen
+
+
+def test_channel_that_recovers_runs_on_after_restarts():
+    clock = FakeClock()
+    health = HealthMonitor(now_ns=clock.now_ns)
+
+    async def main():
+        sup = ChannelSupervisor(RestartPolicy(), clock, on_state=_hooks(health, []))
+        flaky = Broken("flaky", fail_times=2)
+        sup.start(flaky)
+        await _until(lambda: flaky.runs == 3)
+        await asyncio.sleep(0)
+        assert sup.states()["flaky"].state == RUNNING
+        assert sup.states()["flaky"].restarts == 2
+        assert await sup.stop_all(timeout_s=1.0)  # no request_stop: cancelled
+        assert flaky.cancelled  # cancellation reached the channel, not swallowed
+
+    asyncio.run(main())
+
+
+def test_finished_channel_is_not_restarted():
+    class Finite:
+        name = "file"
+        runs = 0
+
+        async def run(self) -> None:
+            self.runs += 1
+
+        def status(self):
+            return {}
+
+    async def main():
+        sup = ChannelSupervisor(clock=FakeClock())
+        ch = Finite()
+        await sup.start(ch)
+        assert sup.states()["file"].state == STOPPED
+        assert ch.runs == 1
+
+    asyncio.run(main())
+
+
+def test_stopping_one_channel_leaves_the_others():
+    clock = FakeClock()
+    health = HealthMonitor(now_ns=clock.now_ns)
+
+    async def main():
+        sup = ChannelSupervisor(clock=clock)
+        a, b = Ticking("a", clock, health), Ticking("b", clock, health)
+        sup.start(a)
+        sup.start(b)
+        await _until(lambda: a.ticks > 10 and b.ticks > 10)
+        assert await sup.stop("a", timeout_s=1.0)
+        assert a.drained and sup.names() == ("b",)
+        before = b.ticks
+        await _until(lambda: b.ticks > before + 10)
+        await sup.stop_all(timeout_s=1.0)
+
+    asyncio.run(main())
+
+
+def test_healthz_reports_sources_stalls_and_the_model_over_http():
+    from aiohttp import ClientSession, web
+    from aiohttp.test_utils import TestServer
+
+    from subd.health import HealthLimits, health_handler
+
+    clock = FakeClock()
+    health = HealthMonitor(HealthLimits(stall_after_ns=S, max_lag_ns=5 * S), now_ns=clock.now_ns)
+    app = web.Application()
+    app.router.add_get("/healthz", health_handler(health))
+    app.router.add_get("/c/studio/healthz", health_handler(health, "studio"))
+    app.router.add_get("/c/hall/healthz", health_handler(health, "hall"))
+
+    async def get(session, server, path):
+        async with session.get(server.make_url(path)) as resp:
+            return resp.status, await resp.json()
+
+    async def main():
+        async with TestServer(app, host="127.0.0.1") as server, ClientSession() as session:
+            health.add_channel("studio")
+            health.add_channel("hall")
+            status, body = await get(session, server, "/healthz")
+            assert (status, body["status"]) == (503, "fail")
+            assert "model not loaded" in body["problems"]
+            health.set_model_loaded()
+            for k in range(3):
+                clock.t_ns += S // 30
+                health.tick("studio", k)
+                health.tick("hall", k)
+            health.set_source("studio", True)
+            health.set_source("hall", False, "pusher disconnected")
+            status, body = await get(session, server, "/healthz")
+            assert (status, body["status"]) == (200, "degraded")
+            assert body["channels"]["hall"]["source"] == "down"
+            assert body["problems"] == ["hall: source down (pusher disconnected)"]
+            assert (await get(session, server, "/c/studio/healthz"))[0] == 200
+            status, body = await get(session, server, "/c/hall/healthz")
+            assert (status, body["source_detail"]) == (503, "pusher disconnected")
+            health.set_source("hall", True)
+            health.set_lag("studio", 6 * S)
+            status, body = await get(session, server, "/healthz")
+            assert status == 503 and body["problems"] == ["studio: lag 6000 ms over bound 5000 ms"]
+            health.set_lag("studio", 0)
+            clock.t_ns += 2 * S  # the clock stalls: no tick for 2 s
+            status, body = await get(session, server, "/healthz")
+            assert status == 503
+            assert body["channels"]["studio"]["problems"][0].startswith("ticks stalled")
+
+    asyncio.run(main())

@@ -1,0 +1,176 @@
+"""Audio sources: paced files with jitter, stdin PCM, microphone errors, HTTP push."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import sys
+import types
+from fractions import Fraction
+
+import numpy as np
+import pytest
+import soundfile as sf
+from aiohttp import web
+from aiohttp.test_utils import TestClient, TestServer
+
+from subd.clock import FakeClock
+from subd.errors import AudioInputError
+from subd.sources import (
+    FileSource,
+    MicSource,
+    PcmStreamSource,
+    QueueSource,
+    load_audio,
+    make_push_handler,
+)
+from subd.types import SAMPLE_RATE_HZ
+
+MS = 1_000_000
+
+
+def _collect(source, clock: FakeClock):
+    async def main():
+        t0 = await source.start(clock)
+        got = []
+
+        async def consume():
+            async for chunk in source.chunks():
+                got.append((clock.now_ns(), chunk))
+
+        task = asyncio.ensure_future(consume())
+        await clock.run_until_done(task)
+        return t0, got
+
+    return asyncio.run(main())
+
+
+@pytest.mark.parametrize("speed", [Fraction(1), Fraction(2)])
+def test_file_source_paces_chunks_late_by_at_most_the_jitter(speed):
+    audio = np.random.default_rng(0).standard_normal(SAMPLE_RATE_HZ).astype(np.float32)
+    src = FileSource(audio, speed=speed, jitter_ms=50, chunk_ms=20, seed=3)
+    t0, got = _collect(src, FakeClock(start_ns=10**9))
+    assert t0 == 10**9
+    assert np.array_equal(np.concatenate([c.samples for _, c in got]), audio)
+    lateness = []
+    prev = 0
+    for arrival, chunk in got:
+        nominal = t0 + int((chunk.start_sample + chunk.n_samples) * 10**9 / speed / 16000)
+        assert arrival >= nominal and arrival >= prev  # never early, order kept
+        lateness.append(arrival - nominal)
+        prev = arrival
+    assert max(lateness) <= 50 * MS + 1
+    assert max(lateness) > 10 * MS  # the jitter is really applied
+
+
+def test_load_audio_mixes_down_and_resamples(tmp_path):
+    path = tmp_path / "stereo.wav"
+    t = np.arange(44100) / 44100
+    stereo = np.stack([np.sin(2 * np.pi * 440 * t)] * 2, axis=1).astype(np.float32) * 0.5
+    sf.write(path, stereo, 44100)
+    mono = load_audio(path)
+    assert mono.dtype == np.float32 and abs(mono.shape[0] - 16000) <= 1
+    assert 0.4 < np.abs(mono).max() < 0.6
+
+
+def test_load_audio_errors_are_one_line(tmp_path):
+    with pytest.raises(AudioInputError, match="no such file"):
+        load_audio(tmp_path / "missing.wav")
+    empty = tmp_path / "empty.wav"
+    sf.write(empty, np.zeros(0, dtype=np.float32), 16000)
+    with pytest.raises(AudioInputError, match="no audio samples"):
+        load_audio(empty)
+
+
+def test_stdin_pcm_source_reads_s16le_in_chunks_and_keeps_odd_bytes():
+    pcm = (np.arange(-800, 800, dtype=np.int16) * 16).tobytes() + b"\x01"
+    src = PcmStreamSource(io.BytesIO(pcm), fmt="s16le", chunk_ms=20)
+
+    async def main():
+        t0 = await src.start(FakeClock(start_ns=10**9))
+        chunks = [c async for c in src.chunks()]
+        return t0, chunks
+
+    t0, chunks = asyncio.run(main())
+    assert t0 == 10**9 - 20 * MS  # the first 20 ms chunk ended when it arrived
+    samples = np.concatenate([c.samples for c in chunks])
+    assert samples.shape[0] == 1600
+    assert [c.start_sample for c in chunks] == list(range(0, 1600, 320))
+    np.testing.assert_allclose(samples * 32768, np.arange(-800, 800) * 16)
+
+
+def test_empty_stdin_is_a_clear_error():
+    src = PcmStreamSource(io.BytesIO(b""))
+    with pytest.raises(AudioInputError, match="no PCM data"):
+        asyncio.run(src.start(FakeClock()))
+
+
+def test_microphone_without_pyaudio_says_how_to_install_it(monkeypatch):
+    monkeypatch.setitem(sys.modules, "pyaudio", None)
+
+    async def main():
+        MicSource().open()
+
+    with pytest.raises(AudioInputError, match=r"pip install 'subd\[mic\]'"):
+        asyncio.run(main())
+
+
+def _fake_pyaudio(devices):
+    class PyAudio:
+        def get_device_count(self):
+            return len(devices)
+
+        def get_device_info_by_index(self, i):
+            return devices[i]
+
+        def terminate(self):
+            pass
+
+    return types.SimpleNamespace(PyAudio=PyAudio, paInt16=8, paContinue=0)
+
+
+def test_microphone_errors_when_no_input_device_exists(monkeypatch):
+    monkeypatch.setitem(sys.modules, "pyaudio",
+                        _fake_pyaudio([{"name": "HDMI out", "maxInputChannels": 0}]))
+
+    async def main():
+        MicSource().open()
+
+    with pytest.raises(AudioInputError, match="no microphone found"):
+        asyncio.run(main())
+
+
+def test_microphone_names_the_inputs_when_the_device_does_not_match(monkeypatch):
+    monkeypatch.setitem(sys.modules, "pyaudio",
+                        _fake_pyaudio([{"name": "USB Mic", "maxInputChannels": 1}]))
+
+    async def main():
+        MicSource(device="Studio").open()
+
+    with pytest.raises(AudioInputError, match="no input device matches 'Studio'.*USB Mic"):
+        asyncio.run(main())
+
+
+def test_http_push_needs_the_token_and_delivers_chunks_in_order():
+    async def main():
+        source = QueueSource("push")
+        app = web.Application()
+        app.router.add_post("/push", make_push_handler(source, token="s3cret", max_bytes=4096))
+        async with TestClient(TestServer(app)) as client:
+            auth = {"Authorization": "Bearer s3cret"}
+            pcm = np.arange(100, dtype=np.int16).tobytes()
+            assert (await client.post("/push", data=pcm)).status == 401
+            assert (await client.post("/push", data=pcm, headers=auth)).status == 204
+            assert (await client.post("/push", data=b"\x00" * 3, headers=auth)).status == 400
+            big = b"\x00" * 5000
+            assert (await client.post("/push", data=big, headers=auth)).status == 413
+            resp = await client.post("/push?end=1", data=pcm, headers=auth)
+            assert resp.status == 204
+            assert (await client.post("/push", data=pcm, headers=auth)).status == 410
+        t0 = await source.start(FakeClock(start_ns=10**9))
+        chunks = [c async for c in source.chunks()]
+        return t0, chunks
+
+    t0, chunks = asyncio.run(main())
+    assert [c.start_sample for c in chunks] == [0, 100]
+    np.testing.assert_allclose(chunks[1].samples * 32768, np.arange(100))

@@ -1,0 +1,272 @@
+"""The live pipeline end to end: worker processes, real clock, events log, CLI errors."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import json
+from fractions import Fraction
+
+import numpy as np
+import pytest
+import soundfile as sf
+
+from subd.cli import main
+from subd.config import load_config
+from subd.daemon import Daemon
+from subd.events_log import read_events
+from subd.scripted import script_words
+from subd.sinks import available_sinks
+from subd.sources import FileSource
+from subd.stages import FactorySpec
+from subd.types import SAMPLE_RATE_HZ
+
+
+@pytest.fixture
+def silent_wav(tmp_path):
+    path = tmp_path / "in.wav"
+    sf.write(path, np.zeros(int(2.5 * SAMPLE_RATE_HZ), dtype=np.float32), SAMPLE_RATE_HZ)
+    return path
+
+
+@pytest.mark.parametrize("tagger", ["none", "auto"])
+def test_pipeline_with_worker_processes_publishes_every_word_once(tmp_path, silent_wav, tagger):
+    cfg = load_config(None)
+    cfg = cfg.replace(tick=cfg.tick.__class__(latency_ms=900, realtime=False),
+                      pipeline=cfg.pipeline.__class__(tagger=tagger))
+    script = script_words(5)
+    source = FileSource.from_path(silent_wav, speed=Fraction(2), jitter_ms=30)
+    events = tmp_path / "events.jsonl"
+    daemon = Daemon(cfg, source, events_path=str(events),
+                    recognizer=FactorySpec("subd.scripted:ScriptedRecognizer",
+                                           {"words": script, "commit_delay_ms": 400}))
+    counters = asyncio.run(daemon.run())
+    start, ticks = read_events(events)
+    assert start["fps"] == "30/1" and start["latency_ms"] == 900
+    assert [t["k"] for t in ticks] == list(range(len(ticks)))
+    # at speed 2 the ticks come twice as often: T(k) = t0 + floor((k+1)·P/2) + D
+    for t in ticks:
+        assert t["due_ns"] == start["t0_ns"] + (t["k"] + 1) * 10**9 // 60 + 900_000_000
+        assert t["sent_ns"] >= t["due_ns"]  # never early
+    words = [c["w"] for t in ticks for c in t["committed"]]
+    if tagger == "none":
+        assert words == [w for w, _, _ in script]
+    else:  # the CRF tagger in its own process: same words, its case and punctuation
+        assert [w.lower().strip(".,?!") for w in words] == [w for w, _, _ in script]
+    assert counters.ticks == len(ticks)
+
+
+def _error_line(capsys) -> str:
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err
+    return err[0]
+
+
+def test_stream_rejects_a_missing_file_in_one_line(tmp_path, capsys):
+    assert main(["stream", str(tmp_path / "nope.wav")]) == 2
+    assert "nope.wav: no such file" in _error_line(capsys)
+
+
+def test_stream_rejects_a_non_audio_file(tmp_path, capsys):
+    bad = tmp_path / "bad.wav"
+    bad.write_text("not audio")
+    assert main(["stream", str(bad)]) == 2
+    assert "cannot read audio" in _error_line(capsys)
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["--serve", "localhost"], "expected HOST:PORT"),
+    (["--fps", "0"], "fps"),
+    (["--fps", "thirty"], "not a frame rate"),
+    (["--speed", "-1"], "speed"),
+    (["--latency-ms", "5"], "--latency-ms"),
+    (["--jitter-ms", "-3"], "--jitter-ms"),
+])
+def test_stream_rejects_bad_options_in_one_line(silent_wav, capsys, argv, needle):
+    assert main(["stream", str(silent_wav), *argv]) == 2
+    assert needle in _error_line(capsys)
+
+
+def test_stream_names_a_sink_that_is_not_registered(silent_wav, capsys, tmp_path):
+    if "srt" in available_sinks():
+        pytest.skip("an srt sink is registered")
+    assert main(["stream", str(silent_wav), "--srt", str(tmp_path / "o.srt")]) == 2
+    assert "unknown sink 'srt'" in _error_line(capsys)
+
+
+def test_bad_config_file_is_one_line(tmp_path, silent_wav, capsys):
+    cfg = tmp_path / "c.toml"
+    cfg.write_text("[tick]\nlatency_ms = 5\n")
+    assert main(["stream", str(silent_wav), "--config", str(cfg)]) == 2
+    assert "[tick] latency_ms: 5 is out of range" in _error_line(capsys)
+
+
+needs_recogniser = pytest.mark.skipif(
+    importlib.util.find_spec("subd.streaming") is None,
+    reason="the streaming recogniser (subd/streaming.py, the lead's) is not installed yet")
+
+
+@needs_recogniser
+def test_stream_cli_on_real_speech_writes_the_events_log(espeak_clips, tmp_path):
+    clip = espeak_clips[1]
+    events = tmp_path / "events.jsonl"
+    assert main(["stream", str(clip.path), "--events", str(events), "--latency-ms", "3000"]) == 0
+    start, ticks = read_events(events)
+    assert start["type"] == "start" and start["lookahead_ms"] == 150
+    assert [t["k"] for t in ticks] == list(range(len(ticks)))
+    assert all(t["sent_ns"] >= t["due_ns"] for t in ticks)
+    words = {c["w"].lower().strip(".,?!") for t in ticks for c in t["committed"]}
+    assert len(words & set(clip.transcript.split())) >= 5, words
+
+
+class CommitLog:
+    def __init__(self) -> None:
+        self.committed: list[str] = []
+        self.published: list[str] = []
+
+    def on_hypothesis(self, result, now_ns: int) -> None:
+        self.committed += [w.text for w in result.hypothesis.committed]
+
+    def on_publish(self, state, sent_ns: int) -> None:
+        self.published += [tw.word.text for tw in state.committed]
+
+
+@needs_recogniser
+def test_every_word_the_real_recogniser_commits_is_published_once(espeak_clips):
+    cfg = load_config(None)
+    cfg = cfg.replace(tick=cfg.tick.__class__(latency_ms=2500, realtime=False))
+    log = CommitLog()
+    source = FileSource.from_path(espeak_clips[2].path, jitter_ms=50)
+    asyncio.run(Daemon(cfg, source, observer=log).run())
+    assert log.committed and log.published == log.committed
+
+
+def test_run_shipped_config_serves_events_from_the_demo_clip(tmp_path):
+    """`subd run` with the shipped config.toml (on a free port): SSE events arrive, and
+    SIGTERM stops the daemon cleanly."""
+    import re
+    import signal
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from subd.daemon import DEMO_CLIP
+
+    repo = Path(__file__).resolve().parent.parent
+    if not (repo / "subd" / Path(*DEMO_CLIP)).is_file():
+        pytest.skip("the bundled demo clip subd/data/demo.wav is not there yet")
+    if "sse" not in available_sinks() or importlib.util.find_spec("subd.streaming") is None:
+        pytest.skip("needs the registered sse sink and the streaming recogniser")
+    text = (repo / "config.toml").read_text()
+    assert "port = 8765" in text and 'host = "127.0.0.1"' in text
+    cfg = tmp_path / "config.toml"
+    cfg.write_text(text.replace("port = 8765", "port = 0"))
+    proc = subprocess.Popen([sys.executable, "-m", "subd.cli", "run", "--config", str(cfg)],
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        port = None
+        for line in proc.stderr:
+            m = re.search(r"serving http://127\.0\.0\.1:(\d+)/events", line)
+            if m:
+                port = int(m.group(1))
+                break
+        assert port, "the daemon never said where it serves"
+
+        async def read_events():
+            import aiohttp
+
+            got = []
+            async with aiohttp.ClientSession() as session, \
+                    session.get(f"http://127.0.0.1:{port}/events") as resp:
+                while len(got) < 3:
+                    line = (await resp.content.readline()).decode()
+                    if line.startswith("data:"):
+                        got.append(json.loads(line[5:]))
+            return got
+
+        events = asyncio.run(asyncio.wait_for(read_events(), 120))
+        assert all("due_ns" in e for e in events)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        proc.stderr.close()
+
+
+def test_run_with_a_config_file_streams_the_configured_source(tmp_path, silent_wav):
+    events = tmp_path / "ev.jsonl"
+    cfg = tmp_path / "subd.toml"
+    cfg.write_text(f"""
+[tick]
+latency_ms = 800
+realtime = false
+[source]
+kind = "file"
+path = "{silent_wav}"
+speed = 4.0
+loop = false
+[recognizer]
+factory = "subd.scripted:ScriptedRecognizer"
+[pipeline]
+tagger = "none"
+[sinks]
+enabled = []
+[events]
+path = "{events}"
+""")
+    assert main(["run", "--config", str(cfg)]) == 0
+    start, ticks = read_events(events)
+    words = [c["w"] for t in ticks for c in t["committed"]]
+    # the scripted words that end within the 2.5 s file, each once, in order
+    assert words == [w for w, _, end_ms in script_words(50) if end_ms <= 2500]
+
+
+def test_daemon_serves_sse_events_carrying_tick_and_due_time(tmp_path, silent_wav):
+    aiohttp = pytest.importorskip("aiohttp")
+    from subd.sinks.sse import SSESink
+
+    cfg = load_config(None)
+    cfg = cfg.replace(tick=cfg.tick.__class__(latency_ms=700, realtime=False),
+                      pipeline=cfg.pipeline.__class__(tagger="none"))
+    source = FileSource.from_path(silent_wav, speed=Fraction(4))
+    sink = SSESink()
+    daemon = Daemon(cfg, source, sinks=[sink], serve=("127.0.0.1", 0),
+                    recognizer=FactorySpec("subd.scripted:ScriptedRecognizer"))
+
+    async def main_():
+        run = asyncio.ensure_future(daemon.run())
+        while daemon.bound_port is None:
+            assert not run.done()
+            await asyncio.sleep(0.01)
+        events = []
+        async with aiohttp.ClientSession() as session:
+            url = f"http://127.0.0.1:{daemon.bound_port}/events"
+            async with session.get(url) as resp:
+                assert resp.status == 200
+                while len(events) < 5:
+                    line = (await resp.content.readline()).decode()
+                    if line.startswith("data:"):
+                        events.append(json.loads(line[5:]))
+        await run
+        return events
+
+    events = asyncio.run(main_())
+    ks = [e["k"] for e in events if "k" in e]
+    assert ks == sorted(ks) and len(ks) >= 4
+    assert all(isinstance(e["due_ns"], int) for e in events if "k" in e)
+
+
+@needs_recogniser
+def test_stream_writes_a_live_srt_of_the_committed_cues(espeak_clips, tmp_path):
+    pysrt = pytest.importorskip("pysrt")
+    if "srt" not in available_sinks():
+        pytest.skip("no srt sink registered")
+    out = tmp_path / "live.srt"
+    assert main(["stream", str(espeak_clips[1].path), "--srt", str(out), "--speed", "2",
+                 "--latency-ms", "3000"]) == 0
+    subs = pysrt.open(str(out))
+    text = " ".join(s.text for s in subs).lower()
+    assert len(subs) >= 1 and ("stella" in text or "store" in text or "call" in text), text
+    assert all(s.start <= s.end for s in subs)
