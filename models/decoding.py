@@ -120,21 +120,27 @@ def decode_window(
     sot_index: int,
     tokenizer: WhisperTokenizer,
     options: DecodeOptions,
+    prefix: tuple[int, ...] = (),
 ) -> DecodeResult:
-    """Decode one window after ``prompt``; ``sot_index`` is where <|startoftranscript|> sits."""
+    """Decode one window after ``prompt``; ``sot_index`` is where <|startoftranscript|> sits.
+
+    ``prefix``: tokens forced at the start of the transcript (text already committed in this
+    window): they cost one batched forward pass instead of one step each, and the result's
+    tokens start with them. Log-probabilities count only the tokens decoded here.
+    """
     special = tokenizer.special
     cache = decoder.new_cache(audio_features)
     n_vocab = decoder.dims.n_vocab
     filt = LogitFilter(special, options, n_vocab)
     gen = torch.Generator().manual_seed(options.seed)
-    max_new = min(options.max_new_tokens, decoder.dims.n_text_ctx - len(prompt))
-    logits, _ = decoder(torch.tensor([prompt], device=audio_features.device), cache)
+    max_new = min(options.max_new_tokens, decoder.dims.n_text_ctx - len(prompt) - len(prefix))
+    logits, _ = decoder(torch.tensor([prompt + list(prefix)], device=audio_features.device), cache)
     no_speech_prob = float(torch.softmax(logits[0, sot_index].float(), -1)[special.no_speech])
     step_logits = logits[0, -1].float().cpu()
-    generated: list[int] = []
+    generated: list[int] = list(prefix)
     sum_logprob = 0.0
     looped = False
-    for _ in range(max_new):
+    for _ in range(max(0, max_new)):
         filt.apply(step_logits, generated)
         if options.temperature > 0:
             probs = torch.softmax(step_logits / options.temperature, dim=-1)
@@ -145,16 +151,17 @@ def decode_window(
         if token == special.eot:
             break
         generated.append(token)
-        if tail_loop(generated, options.loop_min_repeats, options.loop_min_tokens):
+        if tail_loop(generated[len(prefix) :], options.loop_min_repeats, options.loop_min_tokens):
             looped = True
             break
         logits, _ = decoder(torch.tensor([[token]], device=audio_features.device), cache)
         step_logits = logits[0, -1].float().cpu()
     text = tokenizer.decode([t for t in generated if t < special.timestamp_begin])
+    n_new = len(generated) - len(prefix)
     return DecodeResult(
         tokens=tuple(generated),
         sum_logprob=sum_logprob,
-        avg_logprob=sum_logprob / (len(generated) + 1),
+        avg_logprob=sum_logprob / (n_new + 1),
         no_speech_prob=no_speech_prob,
         temperature=options.temperature,
         compression_ratio=compression_ratio(text),

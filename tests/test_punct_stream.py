@@ -1,0 +1,127 @@
+"""Streaming punctuation: decided only with right context, and never taken back."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from subd.errors import ConfigError
+from subd.models.punct import PunctTagger, render
+from subd.punct_stream import PunctConfig, PunctStream
+from subd.types import Hypothesis, Word
+
+MS = 1_000_000
+TEXT = (
+    "where are you going i am going home it is late and the bus has gone "
+    "so we walked all the way back to the house by the river did you see the 3 dogs "
+    "they're mine élodie said they were hers but i don't believe her "
+) * 3
+
+
+@pytest.fixture(scope="module")
+def tagger() -> PunctTagger:
+    return PunctTagger.load()
+
+
+def _timed(text: str, rng: random.Random) -> list[Word]:
+    out, t = [], 0
+    for w in text.split():
+        dur = 150 + 40 * len(w)
+        out.append(Word(w, t * MS, (t + dur) * MS))
+        t += dur + (rng.choice([20, 40, 60, 500, 900]) if rng.random() < 0.15 else 30)
+    return out
+
+
+def test_config_is_validated() -> None:
+    with pytest.raises(ConfigError, match=r"\[punct\] right_context_words must be in 1\.\.32"):
+        PunctConfig(right_context_words=0)
+    with pytest.raises(ConfigError, match="pause_commit_ms"):
+        PunctConfig(pause_commit_ms="fast")  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="max_pending_words"):
+        PunctConfig(right_context_words=8, max_pending_words=4)
+    with pytest.raises(ConfigError, match="left_context_words"):
+        PunctConfig(left_context_words=0)
+    assert PunctConfig(right_context_words=5).right_context_words == 5
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_committed_punctuation_is_never_retracted(tagger: PunctTagger, seed: int) -> None:
+    rng = random.Random(seed)
+    words = _timed(TEXT, rng)
+    cfg = PunctConfig(right_context_words=rng.randint(1, 5),
+                      pause_commit_ms=rng.choice([200.0, 350.0, 800.0]),
+                      left_context_words=rng.choice([1, 4, 16]))
+    stream = PunctStream(tagger, cfg)
+    finals = []
+    i = 0
+    while i < len(words):
+        committed = words[i : i + rng.randint(0, 5)]
+        i += len(committed)
+        # The tentative tail may be wrong: the recogniser revises it later.
+        tentative = [Word(rng.choice(["uh", w.text, "the"]), w.start_ns, w.end_ns)
+                     for w in words[i : i + rng.randint(0, 6)]]
+        last = (tentative or committed or words[max(0, i - 1) : i])[-1]
+        audio_end = last.end_ns + rng.randint(0, 1200) * MS
+        before = render(finals)
+        update = stream.update(committed, tentative, audio_end)
+        assert all(t.final for t in update.final)
+        assert not any(t.final for t in update.provisional)
+        finals += update.final
+        # What was shown stays: the finals so far only ever grow at the end.
+        assert render(finals).startswith(before)
+        # Decided words are exactly the committed words, in order, each once.
+        assert [t.word for t in finals] == words[: len(finals)]
+        assert len(finals) + stream.n_pending == i
+        assert [t.word for t in update.provisional[: stream.n_pending]] == \
+            words[len(finals) : i]
+        if rng.random() < 0.3:  # the tag stage may be asked again without news
+            again = stream.update((), tentative, audio_end)
+            finals += again.final
+            assert [t.word for t in finals] == words[: len(finals)]
+    finals += stream.flush().final
+    assert [t.word for t in finals] == words
+    assert stream.n_pending == 0
+    for prev, cur in zip(finals, finals[1:], strict=False):
+        if prev.punct in {".", "?", "!"}:
+            assert cur.case != "lower"  # a decided sentence end is followed by a capital
+    assert finals[0].case == "cap"
+
+
+def test_chunk_edge_waits_for_right_context(tagger: PunctTagger) -> None:
+    rng = random.Random(0)
+    words = _timed("i went to the market and then we walked home together", rng)
+    words = [Word(w.text, i * 300 * MS, (i * 300 + 250) * MS) for i, w in enumerate(words)]
+    edge = 7  # "then" ends the first chunk
+    stream = PunctStream(tagger, PunctConfig(right_context_words=3, pause_commit_ms=400.0))
+    first = stream.update(words[:edge], (), words[edge - 1].end_ns + 100 * MS)
+    assert [t.word.text for t in first.final] == ["i", "went", "to", "the"]
+    assert [t.word.text for t in first.provisional] == ["market", "and", "then"]
+    later = stream.update(words[edge:], (), words[-1].end_ns + 100 * MS)
+    done = stream.flush()
+    finals = [*first.final, *later.final, *done.final]
+    assert [t.word for t in finals] == words
+    assert finals[edge - 1].punct == ""  # "then": no sentence break at the chunk edge
+    assert finals[edge].text == "we"  # and no capital after it
+    assert render(finals).startswith("I went to the market")
+    assert render(finals).endswith(" and then we walked home together.")
+
+
+def test_long_pause_decides_without_right_words(tagger: PunctTagger) -> None:
+    words = [Word(w, i * 300 * MS, (i * 300 + 250) * MS)
+             for i, w in enumerate("i am going home".split())]
+    stream = PunctStream(tagger, PunctConfig(right_context_words=5, pause_commit_ms=400.0))
+    short = stream.update(words, (), words[-1].end_ns + 100 * MS)
+    assert short.final == ()
+    long = stream.update((), (), words[-1].end_ns + 900 * MS)
+    assert render(long.final) == "I am going home."
+
+
+def test_update_from_hypothesis(tagger: PunctTagger) -> None:
+    words = [Word(w, i * 300 * MS, (i * 300 + 250) * MS)
+             for i, w in enumerate("what time is it".split())]
+    stream = PunctStream(tagger, PunctConfig(right_context_words=2))
+    up = stream.update_from(Hypothesis(tuple(words[:3]), tuple(words[3:]), words[-1].end_ns))
+    assert [t.word.text for t in up.final] == ["what", "time"]
+    assert up.final[0].text == "What"
+    assert [t.word.text for t in up.provisional] == ["is", "it"]
