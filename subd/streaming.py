@@ -75,6 +75,7 @@ class _State:
     committed: list[Word] = field(default_factory=list)
     previous: list[Word] = field(default_factory=list)  # last hypothesis after the commit point
     last_decode_end: int = 0  # audio_end (samples) at the last decode
+    settled_end: int = 0  # samples: the hypothesis accounts for all speech before this
 
 
 class StreamingRecognizer:
@@ -115,6 +116,7 @@ class StreamingRecognizer:
         words = self._decode(window)
         newly = self._commit(words, end)
         newly += self._trim(end)
+        self._settle(end)
         return self._hypothesis(newly)
 
     def finish(self) -> Hypothesis:
@@ -129,6 +131,7 @@ class StreamingRecognizer:
                 newly = self._take(words)
         newly += self._take(st.previous)
         st.previous = []
+        st.settled_end = end
         return Hypothesis(committed=tuple(newly), tentative=(), audio_end_ns=samples_to_ns(end))
 
     # -- internals -------------------------------------------------------------------------
@@ -232,6 +235,7 @@ class StreamingRecognizer:
         st.previous = []
         commit = ns_to_samples(st.committed_end_ns) - LEAD_IN_SAMPLES
         st.window_start = max(st.window_start, min(end - LEAD_IN_SAMPLES, commit))
+        st.settled_end = end
         return self._hypothesis(newly)
 
     def _trim(self, end: int) -> list[Word]:
@@ -253,9 +257,25 @@ class StreamingRecognizer:
                 return newly
         return []
 
+    def _settle(self, end: int) -> None:
+        """How far the hypothesis accounts for all speech: to the audio end when only silence
+        follows the last word, else to that word's end. The tagger reads the gap after the last
+        word as a pause, so speech not yet recognised (Whisper often leaves the window's last
+        word out) must not look like one."""
+        st = self.state
+        last = st.previous[-1] if st.previous else (st.committed[-1] if st.committed else None)
+        if last is None:
+            st.settled_end = end
+            return
+        last_end = min(end, max(ns_to_samples(last.end_ns), st.window_start))
+        tail = self.audio.read(last_end, end) if last_end < end else None
+        silent = tail is None or self.vad is None or not self._has_speech(tail)
+        st.settled_end = max(st.settled_end, end if silent else last_end)
+
     def _hypothesis(self, newly: list[Word]) -> Hypothesis:
+        """``audio_end_ns`` is the settled end (see ``_settle``), not the audio received."""
         return Hypothesis(
             committed=tuple(newly),
             tentative=tuple(self.state.previous),
-            audio_end_ns=self.audio_end_ns,
+            audio_end_ns=samples_to_ns(self.state.settled_end),
         )

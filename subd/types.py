@@ -67,6 +67,8 @@ class Hypothesis:
 
     ``committed`` holds only the words newly committed by this update (never retracted);
     ``tentative`` is the current unconfirmed tail, which later updates may change.
+    ``audio_end_ns``: the hypothesis accounts for all speech before this time (later audio may
+    already have arrived but still hold words not recognised yet).
     """
 
     committed: tuple[Word, ...]
