@@ -25,7 +25,12 @@ def run_cli(*args: str, stdin: bytes | None = None, timeout_s: float = 600) -> t
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
     )
-    _, err = proc.communicate(stdin, timeout=timeout_s)
+    try:
+        _, err = proc.communicate(stdin, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
+        raise
     rss_mb = 0
     try:
         _, _, usage = os.wait4(proc.pid, 0)
