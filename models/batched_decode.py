@@ -1,0 +1,209 @@
+"""The batched decoder step: static key/value cache, per-row positions, rules on the GPU.
+
+Everything a decode step needs lives in preallocated tensors (``DecodeBuffers``), so one step
+(and a chunk of steps) has fixed shapes and addresses and can be captured in a CUDA graph: the
+host only launches graph replays and, once per chunk, reads one "all done" flag through pinned
+memory, one chunk late (deferred), so the step loop never waits on the GPU.
+
+The timestamp rules of ``models.decoding.LogitFilter`` are applied to the whole batch with
+tensor masks; the repetition-loop guard of ``tail_loop`` is kept exactly as per-row run lengths
+of ``token[i] == token[i-g]`` for g = 1..16, also on the GPU.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from subd.models.decoding import DecodeOptions
+from subd.models.tokenizer import TIME_PRECISION_S, SpecialTokens
+from subd.models.whisper import TextDecoder
+
+NEG_INF = float("-inf")
+MAX_GRAM = 16  # tail_loop looks at n-grams up to this length
+
+
+@dataclass(frozen=True, slots=True)
+class StepShape:
+    n_rows: int  # batch bucket
+    n_audio: int  # encoder frames T (cross-attention length)
+    n_ctx: int  # self-attention length bucket (prompt + new tokens)
+
+
+class DecodeBuffers:
+    """Static per-engine state for up to ``max_rows`` sequences (views are taken per bucket)."""
+
+    def __init__(self, decoder: TextDecoder, max_rows: int, max_audio: int, max_new: int, *,
+                 dtype: torch.dtype, device: torch.device):
+        d = decoder.dims
+        h, dh = d.n_text_head, d.n_text_state // d.n_text_head
+        kv = (d.n_text_layer, max_rows, h)
+        self.self_k = torch.zeros(*kv, d.n_text_ctx, dh, dtype=dtype, device=device)
+        self.self_v = torch.zeros_like(self.self_k)
+        self.cross_k = torch.zeros(*kv, max_audio, dh, dtype=dtype, device=device)
+        self.cross_v = torch.zeros_like(self.cross_k)
+        z = dict(device=device)
+        self.tokens_in = torch.zeros(max_rows, dtype=torch.long, **z)
+        self.plen = torch.ones(max_rows, dtype=torch.long, **z)  # prompt length per row
+        self.max_new = torch.zeros(max_rows, dtype=torch.long, **z)
+        self.n_gen = torch.zeros(max_rows, dtype=torch.long, **z)
+        self.last_tok = torch.zeros(max_rows, dtype=torch.long, **z)
+        self.prev_tok = torch.zeros(max_rows, dtype=torch.long, **z)
+        self.last_stamp = torch.full((max_rows,), -1, dtype=torch.long, **z)
+        self.done = torch.ones(max_rows, dtype=torch.bool, **z)
+        self.looped = torch.zeros(max_rows, dtype=torch.bool, **z)
+        self.runs = torch.zeros(max_rows, MAX_GRAM, dtype=torch.long, **z)
+        self.out_tok = torch.zeros(max_rows, max_new, dtype=torch.long, **z)
+        self.out_lp = torch.zeros(max_rows, max_new, dtype=torch.float32, **z)
+        self.step = torch.zeros((), dtype=torch.long, **z)
+        self.temperature = torch.zeros((), dtype=torch.float32, **z)
+        self.logits = torch.zeros(max_rows, d.n_vocab, dtype=torch.float32, **z)
+        self.all_done = torch.zeros((), dtype=torch.bool, **z)
+        self.max_rows, self.max_audio, self.max_new_cap = max_rows, max_audio, max_new
+
+
+class BatchRules:
+    """Vectorised LogitFilter + greedy/temperature choice + loop guard for a batch."""
+
+    def __init__(self, special: SpecialTokens, options: DecodeOptions, suppress: tuple[int, ...],
+                 n_vocab: int, device: torch.device):
+        self.sp = special
+        mask = torch.zeros(n_vocab, dtype=torch.bool)
+        for t in suppress:
+            if 0 <= t < n_vocab:
+                mask[t] = True
+        for t in (special.no_timestamps, special.sot, special.sot_prev, special.transcribe,
+                  special.translate, special.no_speech):
+            mask[t] = True
+        self.suppress = mask.to(device)
+        self.col = torch.arange(n_vocab, device=device)
+        max_init = int(round(options.max_initial_timestamp_s / TIME_PRECISION_S))
+        ts = special.timestamp_begin
+        first = self.col < ts  # a window starts with a timestamp ...
+        first |= self.col > ts + max_init  # ... no later than max_initial_timestamp_s
+        self.first_mask = first | self.suppress
+        self.grams = torch.arange(1, MAX_GRAM + 1, device=device)
+        need = [(max(options.loop_min_repeats, math.ceil(options.loop_min_tokens / g)) - 1) * g
+                for g in range(1, MAX_GRAM + 1)]
+        self.need_run = torch.tensor(need, device=device)
+
+    def select(self, buf: DecodeBuffers, n: int, sample: bool) -> None:
+        """Filter buf.logits[:n], choose a token per row, record it and update row state."""
+        sp, ts, col = self.sp, self.sp.timestamp_begin, self.col
+        logits = buf.logits[:n]
+        n_gen, last, prev, stamp = buf.n_gen[:n], buf.last_tok[:n], buf.prev_tok[:n], \
+            buf.last_stamp[:n]
+        first = (n_gen == 0)[:, None]
+        last_ts = (n_gen > 0) & (last >= ts)
+        penult = (n_gen < 2) | (prev >= ts)
+        pair_closed = (last_ts & penult)[:, None] & (col >= ts)
+        opening = (last_ts & ~penult)[:, None] & (col < sp.eot)
+        floor = torch.where(last_ts & ~penult, stamp, stamp + 1)
+        backwards = (stamp >= 0)[:, None] & (col >= ts) & (col < floor[:, None])
+        later = self.suppress | pair_closed | opening | backwards
+        mask = torch.where(first, self.first_mask, later)
+        logits = logits.masked_fill(mask, NEG_INF)  # the one [n, V] float temporary
+        # timestamps forced when their total probability beats every text token; the
+        # log-softmax normaliser is common to both sides, so compare raw logits
+        force_ts = ~first[:, 0] & (torch.logsumexp(logits[:, ts:], dim=-1)
+                                   > logits[:, :ts].max(dim=-1).values)
+        logits.masked_fill_(force_ts[:, None] & (col < ts), NEG_INF)
+        if sample:
+            u = torch.rand_like(logits).clamp_(1e-20, 1.0).log_().neg_().log_()
+            token = (logits / buf.temperature - u).argmax(dim=-1)
+        else:
+            token = logits.argmax(dim=-1)
+        token_lp = logits.gather(1, token[:, None])[:, 0] - torch.logsumexp(logits, dim=-1)
+        active = ~buf.done[:n]
+        step = buf.step
+        buf.out_tok[:n].index_copy_(1, step[None], torch.where(active, token, sp.eot)[:, None])
+        buf.out_lp[:n].index_copy_(1, step[None], torch.where(active, token_lp, 0.0)[:, None])
+        appended = active & (token != sp.eot)
+        # tail_loop, exactly: run[g] = length of the run of token[i] == token[i-g] ending here
+        back = (step - self.grams).clamp(min=0)  # [G]
+        earlier = buf.out_tok[:n].index_select(1, back)  # [n, G]
+        same = (earlier == token[:, None]) & (step - self.grams >= 0)[None, :]
+        runs = torch.where(same, buf.runs[:n] + 1, torch.zeros_like(buf.runs[:n]))
+        buf.runs[:n] = torch.where(appended[:, None], runs, buf.runs[:n])
+        looped = appended & (buf.runs[:n] >= self.need_run).any(dim=1)
+        buf.prev_tok[:n] = torch.where(appended, last, prev)
+        buf.last_tok[:n] = torch.where(appended, token, last)
+        buf.last_stamp[:n] = torch.where(appended & (token >= ts), token, stamp)
+        buf.n_gen[:n] += appended.long()
+        buf.looped[:n] |= looped
+        buf.done[:n] |= active & ((token == sp.eot) | looped | (buf.n_gen[:n] >= buf.max_new[:n]))
+        buf.tokens_in[:n] = token
+        buf.step += 1
+        buf.all_done.copy_(buf.done[:n].all())
+
+
+def cross_fill(decoder: TextDecoder, buf: DecodeBuffers, audio: torch.Tensor, row0: int) -> None:
+    """Write cross-attention keys/values of ``audio`` [b, T, D] into rows row0..row0+b."""
+    b, t, _ = audio.shape
+    for i, block in enumerate(decoder.blocks):
+        ca = block.cross_attn
+        buf.cross_k[i, row0 : row0 + b, :, :t] = ca.split(ca.key(audio))
+        buf.cross_v[i, row0 : row0 + b, :, :t] = ca.split(ca.value(audio))
+
+
+def _mlp_and_cross(block, x: torch.Tensor, ck: torch.Tensor, cv: torch.Tensor) -> torch.Tensor:
+    ca = block.cross_attn
+    q = ca.split(ca.query(block.cross_attn_ln(x)))
+    x = x + ca.out(ca.merge(F.scaled_dot_product_attention(q, ck, cv)))
+    return x + block.mlp(block.mlp_ln(x))
+
+
+def prefill(decoder: TextDecoder, buf: DecodeBuffers, prompts: torch.Tensor, plen: torch.Tensor,
+            sot_index: torch.Tensor, shape: StepShape, no_speech: int) -> torch.Tensor:
+    """Run right-padded prompts [n, P] (row b valid up to plen[b]); fill buf.logits[:n] with the
+    logits after each row's last prompt token; return each row's no-speech probability [n]."""
+    n, p = prompts.shape
+    dtype = buf.self_k.dtype
+    x = (decoder.token_embedding(prompts) + decoder.positional_embedding[:p]).to(dtype)
+    causal = decoder.causal_mask[:p, :p].to(dtype)
+    for i, block in enumerate(decoder.blocks):
+        sa = block.attn
+        h = block.attn_ln(x)
+        k, v = sa.split(sa.key(h)), sa.split(sa.value(h))
+        buf.self_k[i, :n, :, :p] = k
+        buf.self_v[i, :n, :, :p] = v
+        q = sa.split(sa.query(h))
+        x = x + sa.out(sa.merge(F.scaled_dot_product_attention(q, k, v, attn_mask=causal)))
+        x = _mlp_and_cross(block, x, buf.cross_k[i, :n, :, : shape.n_audio],
+                           buf.cross_v[i, :n, :, : shape.n_audio])
+    rows = torch.arange(n, device=prompts.device)
+    picked = torch.stack([x[rows, plen - 1], x[rows, sot_index]], dim=1)  # [n, 2, D]
+    logits = decoder.output(decoder.ln(picked)).float()
+    buf.logits[:n] = logits[:, 0]
+    return torch.softmax(logits[:, 1], dim=-1)[:, no_speech]
+
+
+def step(decoder: TextDecoder, buf: DecodeBuffers, shape: StepShape) -> None:
+    """One token for rows [:n]: input buf.tokens_in at position plen + n_gen - 1."""
+    n, t, c = shape.n_rows, shape.n_audio, shape.n_ctx
+    dtype = buf.self_k.dtype
+    pos = (buf.plen[:n] + buf.n_gen[:n] - 1).clamp(0, c - 1)
+    x = decoder.token_embedding(buf.tokens_in[:n]) + decoder.positional_embedding[pos]
+    x = x.to(dtype)[:, None, :]  # [n, 1, D]
+    rows = torch.arange(n, device=x.device)
+    visible = (torch.arange(c, device=x.device)[None, :] <= pos[:, None])[:, None, None, :]
+    for i, block in enumerate(decoder.blocks):
+        sa = block.attn
+        h = block.attn_ln(x)
+        sk, sv = buf.self_k[i, :n, :, :c], buf.self_v[i, :n, :, :c]
+        sk[rows, :, pos] = sa.split(sa.key(h))[:, :, 0]
+        sv[rows, :, pos] = sa.split(sa.value(h))[:, :, 0]
+        q = sa.split(sa.query(h))
+        x = x + sa.out(sa.merge(F.scaled_dot_product_attention(q, sk, sv, attn_mask=visible)))
+        x = _mlp_and_cross(block, x, buf.cross_k[i, :n, :, :t], buf.cross_v[i, :n, :, :t])
+    buf.logits[:n] = decoder.output(decoder.ln(x[:, 0])).float()
+
+
+def decode_step(decoder: TextDecoder, rules: BatchRules, buf: DecodeBuffers, shape: StepShape,
+                sample: bool) -> None:
+    """Feed the last chosen tokens, then choose the next ones (one step of a graph chunk)."""
+    step(decoder, buf, shape)
+    rules.select(buf, shape.n_rows, sample)

@@ -1,0 +1,307 @@
+"""``subd bench gpu``: how many live streams one GPU serves with no deadline misses.
+
+Runs the live-stream simulation (``gpu_sim``) with the batched engine (GPU front end, batched
+encoder, graph-captured decode steps, one deadline-aware scheduler) for growing N, then the same
+simulation served naively (one update at a time, unbatched, the host waiting on every decode
+step, features on the CPU: how peers serve), and prints the largest N each serves with 0 misses,
+p95 time to first caption, p95 update latency, GPU utilisation and the ratio.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+import wave
+from pathlib import Path
+
+import numpy as np
+
+from subd.bench.gpu_sim import SimConfig, SimResult, simulate
+from subd.errors import UserError
+from subd.gpu_scheduler import CostModel
+
+CLIP_DIRS = (Path("/usr/share/pocketsphinx/test/data/librivox"), Path(".benchdata/librivox"))
+BENCH_TEMPERATURES = (0.0, 0.2, 0.4)  # capped fallback; all keep the prompt (≤ 0.5)
+MAX_NEW_TOKENS = 96
+
+
+def load_library(clip_dir: Path | None) -> tuple[np.ndarray, list[np.ndarray]]:
+    dirs = [clip_dir] if clip_dir else [d for d in CLIP_DIRS if d.is_dir()][:1]
+    files = sorted(f for d in dirs for f in d.glob("*.wav"))
+    if not files:
+        raise UserError("no clips: give --clips DIR with 16 kHz mono 16-bit WAV files")
+    clips = []
+    for f in files:
+        try:
+            with wave.open(str(f)) as w:
+                if w.getframerate() != 16_000 or w.getnchannels() != 1 or w.getsampwidth() != 2:
+                    raise UserError(f"{f}: not 16 kHz mono 16-bit WAV")
+                pcm = np.frombuffer(w.readframes(w.getnframes()), dtype=np.int16)
+        except (OSError, wave.Error, EOFError) as exc:
+            raise UserError(f"{f}: unreadable WAV ({exc})") from None
+        clips.append(pcm.astype(np.float32) / 32768.0)
+    gap = np.zeros(4000, dtype=np.float32)  # 0.25 s between clips
+    return np.concatenate([x for c in clips for x in (c, gap)]), clips
+
+
+def load_any(model: str):
+    from subd.models.loading import load_model
+    from subd.models.portable import WEIGHTS_FILE, load_portable
+
+    path = Path(model)
+    if path.is_dir() and (path / WEIGHTS_FILE).is_file():
+        return load_portable(path)
+    return load_model(model)
+
+
+class BatchedServer:
+    """Per-stream audio rings on the device; each round uploads only the new audio (pinned)."""
+
+    def __init__(self, engine, library: np.ndarray, n_streams: int, window_s: float,
+                 n_frames: int, max_rows: int):
+        import torch
+
+        self.torch, self.engine, self.n_frames = torch, engine, n_frames
+        self.window = int(window_s * 16_000)
+        self.ring_len = self.window + 5 * 16_000
+        self.lib = np.concatenate([library, library[: self.ring_len]])
+        self.n_lib = len(library)
+        dev = engine.device
+        self.ring = torch.zeros(n_streams, self.ring_len, device=dev)
+        self.uploaded = np.zeros(n_streams, dtype=np.int64)
+        self.pinned = torch.zeros(max_rows, self.ring_len, pin_memory=engine.cuda)
+        self.cols = torch.arange(self.ring_len, device=dev)
+
+    def __call__(self, ids, offsets, heard, prompts):
+        torch, eng = self.torch, self.engine
+        up = self.uploaded[ids]
+        up = np.where(heard < up, 0, up)  # a stream that starts over re-uploads its window
+        new = np.minimum(heard - up, self.ring_len)
+        start = heard - new
+        width = int(max(new.max(), 1))
+        host = self.pinned[: len(ids), :width]
+        hn = host.numpy()
+        for b in range(len(ids)):
+            a = int((offsets[b] + start[b]) % self.n_lib)
+            hn[b, : new[b]] = self.lib[a : a + new[b]]
+        self.uploaded[ids] = heard
+        with torch.inference_mode(), eng._on("features"):
+            rows = host.to(eng.device, non_blocking=True)
+            sid = torch.as_tensor(ids, device=eng.device)[:, None]
+            cols = self.cols[None, :width]
+            where = (torch.as_tensor(start, device=eng.device)[:, None] + cols) % self.ring_len
+            valid = cols < torch.as_tensor(new, device=eng.device)[:, None]
+            self.ring.view(-1)[(sid * self.ring_len + where)[valid]] = rows[valid]
+            heard_t = torch.as_tensor(heard, device=eng.device)
+            length = heard_t.clamp(max=self.window)
+            wc = self.cols[None, : self.window]
+            src = (heard_t - length)[:, None] + wc
+            win = torch.where(wc < length[:, None], self.ring[sid, src % self.ring_len], 0.0)
+        feats = eng.encode(eng.features(win, length, self.n_frames))
+        results = eng.decode_with_fallback(feats, prompts, _policy(), _options())
+        ts, pol = eng.special.timestamp_begin, _policy()
+        texts = ["" if (r.no_speech_prob > pol.no_speech_threshold
+                        and r.avg_logprob < pol.logprob_threshold) else eng.text(r)
+                 for r in results]
+        return texts, [list(r.text_tokens(ts)) for r in results]
+
+
+class NaiveServer:
+    """One update at a time: CPU features, batch-1 encoder, a host sync at every decode step."""
+
+    def __init__(self, loaded, library: np.ndarray, window_s: float, n_frames: int, device):
+        import torch
+
+        from subd.models.engine import WhisperEngine
+
+        self.torch = torch
+        model = loaded.model
+        gpu = dataclasses.replace(loaded, model=_half_copy(model, device))
+        self.engine = WhisperEngine(gpu, threads=None)
+        self.device, self.n_frames = device, n_frames
+        self.window = int(window_s * 16_000)
+        self.lib, self.n_lib = np.concatenate([library, library[: self.window]]), len(library)
+
+    def __call__(self, ids, offsets, heard, prompts):
+        from subd.kernels.mel import pad_or_trim_frames
+
+        torch, eng = self.torch, self.engine
+        texts, tokens = [], []
+        ts = eng.tokenizer.special.timestamp_begin
+        for off, h, prompt in zip(offsets, heard, prompts, strict=True):
+            n = int(min(h, self.window))
+            a = int((off + h - n) % self.n_lib)
+            mel = eng.features(self.lib[a : a + n])
+            with torch.inference_mode():
+                feats = eng.model.encoder(pad_or_trim_frames(mel, self.n_frames)[None].to(
+                    self.device))
+            r = eng.decode_with_fallback(feats, prompt, _policy(), _options())
+            texts.append("" if eng.is_silent(r, _policy()) else eng.tokenizer.decode(
+                r.text_tokens(ts)).strip())
+            tokens.append(list(r.text_tokens(ts)))
+        return texts, tokens
+
+
+def _half_copy(model, device):
+    import copy
+
+    import torch
+
+    m = copy.deepcopy(model).to(device, torch.float16).eval()
+    for mod in m.modules():
+        if isinstance(mod, torch.nn.LayerNorm):
+            mod.float()
+    return m
+
+
+def _policy():
+    from subd.models.engine import FallbackPolicy
+
+    return FallbackPolicy(temperatures=BENCH_TEMPERATURES, max_fallback_tokens=MAX_NEW_TOKENS)
+
+
+def _options():
+    from subd.models.decoding import DecodeOptions
+
+    return DecodeOptions(max_new_tokens=MAX_NEW_TOKENS)
+
+
+def calibrate(cost: CostModel, run_round, max_rows: int, n_lib: int, log,
+              prompt_tokens: int = 0) -> None:
+    """Time steady-state rounds (1 s of new audio per row, prompts from the previous round) at
+    a few batch sizes before any stream is live, so the scheduler starts from real costs."""
+    rng = np.random.default_rng(1)
+    sizes = [n for n in (8, 64, 256, 512, 1024, 2048) if n <= max_rows] or [1, 1, 1]
+    for size in sizes:
+        ids = np.arange(size)
+        offsets = rng.integers(0, n_lib, size=size)
+        heard = np.full(size, 9 * 16_000, dtype=np.int64) + rng.integers(0, 16_000, size=size)
+        _, prompts = run_round(ids, offsets, heard, [None] * size)  # warm-up, fills the rings
+        took = []
+        for k in (1, 2):  # the faster of two: one-off first-use costs are not round costs
+            t0 = time.monotonic_ns()
+            run_round(ids, offsets, heard + k * 16_000,
+                      [p[-prompt_tokens:] if prompt_tokens else None for p in prompts])
+            took.append(time.monotonic_ns() - t0)
+        cost.calibrate(size, min(took))
+    log("calibrated round cost: " + ", ".join(
+        f"{n} rows {cost.predict_ns(n) / 1e6:.0f} ms" for n in sorted(set(sizes))))
+
+
+def search(label: str, counts: list[int], make_round, base: SimConfig, n_lib: int,
+           log) -> tuple[SimResult | None, list[SimResult]]:
+    """Run growing N until one is not served; the last served one is the answer."""
+    best, trials = None, []
+    cost = CostModel()  # learned across the trials of one server, as a running server would
+    calibrate(cost, make_round(max(counts)), base.max_rows, n_lib, log, base.prompt_tokens)
+    for n in counts:
+        cfg = dataclasses.replace(base, n_streams=n)
+        res = simulate(cfg, n_lib, make_round(n), cost)
+        trials.append(res)
+        log(f"{label:8s} N={n:5d} served={res.served!s:5s} updates={res.n_updates:6d} "
+            f"misses={res.n_misses:5d} degraded={res.n_degraded:5d} "
+            f"p95_ttfc={res.p95_ttfc_ms:7.1f}ms p95_update={res.p95_update_ms:7.1f}ms "
+            f"gpu_util={res.gpu_util_pct:5.1f}% busy={res.busy_pct:5.1f}% "
+            f"mean_batch={res.mean_batch:7.1f} first_captions={res.n_first_captions}/{n}")
+        if not res.served:
+            break
+        best = res
+    return best, trials
+
+
+def run(args) -> int:
+    import torch
+
+    from subd.bench.gpu_checks import front_end_and_transcript_checks, warm_engine
+    from subd.models.batched import BatchedEngine, EngineConfig
+
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise UserError("no CUDA device: subd bench gpu needs an NVIDIA GPU (or --device cpu)")
+    # cuDNN's attention builds a plan per new shape (hundreds of ms): batch sizes and prompt
+    # lengths change every round, so use the flash / memory-efficient kernels instead
+    torch.backends.cuda.enable_cudnn_sdp(False)
+    library, clips = load_library(args.clips)
+    loaded = load_any(args.model)
+    out = open(args.log, "w") if args.log else None  # noqa: SIM115 - closed below
+
+    def log(line: str) -> None:
+        print(line, flush=True)
+        if out:
+            out.write(line + "\n")
+            out.flush()
+
+    counts = [int(x) for x in args.streams.split(",")]
+    naive_counts = [int(x) for x in args.naive_streams.split(",")]
+    max_rows = min(max(counts), args.max_rows)
+    base = SimConfig(n_streams=1, duration_s=args.duration_s, ramp_s=args.ramp_s,
+                     update_ms=args.update_ms, window_s=args.window_s,
+                     first_budget_ms=args.first_budget_ms, budget_ms=args.budget_ms,
+                     max_rows=max_rows, prompt_tokens=args.prompt_tokens)
+    log(f"model {loaded.name}; device {args.device} "
+        f"{torch.cuda.get_device_name() if args.device == 'cuda' else ''}; window "
+        f"{args.window_s}s padded to {args.frames} frames; update every {args.update_ms} ms; "
+        f"deadlines: first caption {args.first_budget_ms} ms, update {args.budget_ms} ms")
+    t0 = time.monotonic()
+    cfg = EngineConfig(max_rows=max_rows, max_new_tokens=MAX_NEW_TOKENS,
+                       chunk_steps=args.chunk_steps, encoder_rows=args.encoder_rows,
+                       ctx_buckets=(192, 448))
+    engine = BatchedEngine(loaded, device=args.device, config=cfg)
+    for line in front_end_and_transcript_checks(loaded, engine, clips, args.frames):
+        log(line)
+    warm_engine(engine, args.frames)
+    log(f"engine ready and graphs captured in {time.monotonic() - t0:.1f} s")
+    best, _ = search("batched", counts, lambda n: BatchedServer(
+        engine, library, n, args.window_s, args.frames, max_rows), base, len(library), log)
+    naive_base = dataclasses.replace(base, max_rows=1)
+    naive_server = NaiveServer(loaded, library, args.window_s, args.frames, engine.device)
+    naive, _ = search("naive", naive_counts, lambda n: naive_server, naive_base, len(library),
+                      log)
+    n_b = best.n_streams if best else 0
+    n_n = naive.n_streams if naive else 0
+    log("")
+    log(f"largest N with 0 deadline misses: batched {n_b}, naive {n_n}; "
+        f"ratio {n_b / n_n if n_n else float('inf'):.1f}x")
+    for name, r in (("batched", best), ("naive", naive)):
+        if r:
+            log(f"  {name}: p95 time to first caption {r.p95_ttfc_ms:.1f} ms, p95 update "
+                f"latency {r.p95_update_ms:.1f} ms, GPU utilisation {r.gpu_util_pct:.1f}% "
+                f"(nvidia-smi), busy {r.busy_pct:.1f}% of wall time, mean batch "
+                f"{r.mean_batch:.1f}")
+    if best and best.sample_texts:
+        log(f"  sample caption: {best.sample_texts[0]!r}")
+    if out:
+        out.close()
+    return 0
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("gpu", help="live streams served by one GPU vs naive serving")
+    p.add_argument("--model", default="tiny.en", help="packaged name, model path or fp16 copy")
+    p.add_argument("--clips", type=Path, default=None, help="folder of 16 kHz WAV clips")
+    p.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
+    p.add_argument("--streams", default="250,500,1000,2000,3000,4000")
+    p.add_argument("--naive-streams", default="1,2,4,8,16,32")
+    p.add_argument("--duration-s", type=float, default=12.0)
+    p.add_argument("--ramp-s", type=float, default=3.0)
+    p.add_argument("--update-ms", type=int, default=1000)
+    p.add_argument("--window-s", type=float, default=8.0)
+    p.add_argument("--frames", type=int, default=3000, choices=(1000, 1500, 2000, 3000))
+    p.add_argument("--first-budget-ms", type=int, default=300)
+    p.add_argument("--budget-ms", type=int, default=1000)
+    p.add_argument("--chunk-steps", type=int, default=8)
+    p.add_argument("--encoder-rows", type=int, default=128)
+    p.add_argument("--prompt-tokens", type=int, default=0,
+                   help="previous text given as the prompt (0: none)")
+    p.add_argument("--max-rows", type=int, default=2048, help="largest batch in one round")
+    p.add_argument("--log", type=Path, default=None, help="also write the lines here")
+    p.set_defaults(func=run)
+
+
+if __name__ == "__main__":  # the same command without the CLI's other modules' dependencies
+    import argparse
+    import sys
+
+    parser = argparse.ArgumentParser(prog="subd bench")
+    register(parser.add_subparsers())
+    ns = parser.parse_args(["gpu", *sys.argv[1:]])
+    sys.exit(ns.func(ns))

