@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
 
+from subd import ticks
 from subd.errors import ConfigError
 from subd.layout_rules import (
     SENTENCE_END,
@@ -38,8 +39,8 @@ NS_PER_MS = 1_000_000
 
 def parse_fps(section: str, text: str) -> Fraction:
     try:
-        fps = Fraction(text)
-    except (ValueError, ZeroDivisionError):
+        fps = ticks.parse_fps(text)
+    except ConfigError:
         msg = f"[{section}] fps = {text!r}: expected e.g. '25', '30', '30000/1001'"
         raise ConfigError(msg) from None
     check_range(section, "fps", float(fps), 1.0, 240.0)

@@ -8,8 +8,9 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import pytest
+
+from subd.wer import normalise, word_errors  # noqa: F401 - re-exported for the tests
 
 LIBRIVOX_DIR = Path("/usr/share/pocketsphinx/test/data/librivox")
 
@@ -38,24 +39,6 @@ def librivox_clips() -> list[Clip]:
         if m:
             clips.append(Clip(m.group(2), LIBRIVOX_DIR / f"{m.group(2)}.wav", m.group(1)))
     return clips
-
-
-def normalise(text: str) -> list[str]:
-    """A small English normaliser for WER: case, punctuation, hyphens, common abbreviations."""
-    text = text.lower().replace("-", " ")
-    text = re.sub(r"[^a-z0-9' ]+", " ", text)
-    subs = {"mr": "mister", "mrs": "missus", "dr": "doctor", "st": "saint"}
-    return [subs.get(w, w) for w in text.split()]
-
-
-def word_errors(ref: list[str], hyp: list[str]) -> int:
-    d = np.arange(len(hyp) + 1)
-    for i, r in enumerate(ref, 1):
-        prev, d = d, np.empty_like(d)
-        d[0] = i
-        for j, h in enumerate(hyp, 1):
-            d[j] = min(prev[j] + 1, d[j - 1] + 1, prev[j - 1] + (r != h))
-    return int(d[-1])
 
 
 @pytest.fixture(scope="session")

@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from subd.errors import UserError
+from subd.wer import normalise, wer
 
 LIBRIVOX_DIR = Path("/usr/share/pocketsphinx/test/data/librivox")
 
@@ -37,21 +38,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--model", default="tiny.en")
     p.add_argument("--plot", default="realtime_latency.png", help="PNG output")
     p.set_defaults(func=run)
-
-
-def normalise(text: str) -> list[str]:
-    text = re.sub(r"[^a-z0-9' ]+", " ", text.lower().replace("-", " "))
-    return text.split()
-
-
-def wer(ref: list[str], hyp: list[str]) -> float:
-    d = np.arange(len(hyp) + 1)
-    for i, r in enumerate(ref, 1):
-        prev, d = d, np.empty_like(d)
-        d[0] = i
-        for j, h in enumerate(hyp, 1):
-            d[j] = min(prev[j] + 1, d[j - 1] + 1, prev[j - 1] + (r != h))
-    return float(d[-1]) / max(1, len(ref))
 
 
 def default_clip() -> tuple[Path, str]:
