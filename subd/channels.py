@@ -212,3 +212,134 @@ class ChannelSupervisor:
                 log.error("channel task %s ended with %s", task.get_name(),
                           describe_error(task.exception()))
         return not pending
+
+
+# ---- one model for several channels -----------------------------------------------------------
+#
+# Every channel has its own recogniser state (its own stream, audio history and commit point),
+# but they all live in ONE worker process that loads the model once: :class:`MultiplexHost`
+# hosts one stage host per channel and routes each request by channel name; the engine is
+# shared through :func:`shared_engine`. On the event-loop side :class:`SharedWorker` queues the
+# channels' requests first-come first-served (the worker takes one request at a time).
+
+
+@dataclass(frozen=True, slots=True)
+class Attach:
+    """Build ``host`` for ``channel`` in the worker (replacing an earlier one)."""
+
+    channel: str
+    host: Any  # subd.stages.FactorySpec
+
+
+@dataclass(frozen=True, slots=True)
+class Detach:
+    channel: str
+
+
+@dataclass(frozen=True, slots=True)
+class ForChannel:
+    channel: str
+    request: Any
+
+
+class MultiplexHost:
+    """A worker host serving several channels; ``preload`` (e.g. the model) is built first, so
+    the worker is ready only once the model is loaded."""
+
+    def __init__(self, preload: Any | None = None) -> None:
+        self.shared = preload.build() if preload is not None else None
+        self.hosts: dict[str, Any] = {}
+
+    def handle(self, request: Any) -> Any:
+        if isinstance(request, ForChannel):
+            host = self.hosts.get(request.channel)
+            if host is None:
+                raise KeyError(f"channel {request.channel!r} is not attached")
+            return host.handle(request.request)
+        if isinstance(request, Attach):
+            self._close(request.channel)
+            self.hosts[request.channel] = request.host.build()
+            return True
+        if isinstance(request, Detach):
+            self._close(request.channel)
+            return True
+        raise TypeError(f"unexpected request {type(request).__name__}")
+
+    def _close(self, channel: str) -> None:
+        host = self.hosts.pop(channel, None)
+        close = getattr(host, "close", None)
+        if close is not None:
+            close()
+
+    def close(self) -> None:
+        for channel in list(self.hosts):
+            self._close(channel)
+
+
+_ENGINES: dict[tuple[str, str, int], Any] = {}
+
+
+def shared_engine(model: str = "tiny.en", precision: str = "int8", threads: int = 0) -> Any:
+    """The Whisper engine of this process, loaded once per (model, precision, threads)."""
+    key = (model, precision, threads)
+    if key not in _ENGINES:
+        from subd.models.engine import WhisperEngine
+
+        _ENGINES[key] = WhisperEngine.load(model, threads=threads or None,
+                                           quantize=precision == "int8")
+    return _ENGINES[key]
+
+
+def shared_streaming_recognizer(model: str = "tiny.en", **opts: Any) -> Any:
+    """A streaming recogniser (its own state) over this process's shared engine."""
+    from subd.streaming import StreamingRecognizer
+
+    engine = shared_engine(model, opts.get("precision", "int8"), opts.get("threads", 0))
+    return StreamingRecognizer(model, engine=engine, **opts)
+
+
+class SharedWorker:
+    """A stage worker (process or inline) shared by channels; requests run one at a time in
+    arrival order. A caller that is cancelled does not free the worker before it answered."""
+
+    def __init__(self, worker: Any) -> None:
+        self.worker = worker
+        self._lock = asyncio.Lock()
+
+    async def _call(self, request: Any, now_ns: int = 0) -> Any:
+        await self._lock.acquire()
+        task = asyncio.ensure_future(self.worker.call(request, now_ns))
+
+        def done(t: asyncio.Future) -> None:
+            self._lock.release()
+            if not t.cancelled():
+                t.exception()  # retrieved: a cancelled caller must not leave it unobserved
+
+        task.add_done_callback(done)
+        return await asyncio.shield(task)
+
+    async def attach(self, channel: str, host: Any) -> ChannelWorker:
+        await self._call(Attach(channel, host))
+        return ChannelWorker(self, channel)
+
+    async def detach(self, channel: str) -> None:
+        try:
+            await self._call(Detach(channel))
+        except Exception as exc:  # noqa: BLE001 - the worker may be gone already
+            log.debug("detaching %s: %s", channel, describe_error(exc))
+
+
+class ChannelWorker:
+    """One channel's view of a :class:`SharedWorker` (the scheduler's ``Worker``)."""
+
+    def __init__(self, shared: SharedWorker, channel: str) -> None:
+        self.shared = shared
+        self.channel = channel
+        self.busy_since_ns: int | None = None  # from the request, queueing included
+
+    async def call(self, request: Any, now_ns: int = 0) -> Any:
+        self.busy_since_ns = now_ns
+        try:
+            return await self.shared._call(ForChannel(self.channel, request), now_ns)
+        finally:
+            self.busy_since_ns = None

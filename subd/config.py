@@ -15,6 +15,7 @@ Other modules add their own sections in one of two ways:
 from __future__ import annotations
 
 import dataclasses
+import re
 import tomllib
 import typing
 from dataclasses import dataclass, field
@@ -52,6 +53,7 @@ class TickConfig:
     lookahead_ms: int = field(default=150, metadata=rng(0, 10_000))
     realtime: bool = True  # ask for SCHED_FIFO (logged either way)
     miss_tolerance_ms: float = field(default=0.0, metadata=rng(0, 1000))  # 0 = half a period
+    max_latency_ms: int = field(default=10_000, metadata=rng(100, 60_000))  # reload limit for D
 
 
 @register_section("source")
@@ -65,6 +67,8 @@ class SourceConfig:
     device: str = ""  # microphone: index or name substring; "" = no microphone configured
     chunk_ms: int = field(default=20, metadata=rng(1, 2000))
     pcm_format: str = field(default="s16le", metadata=choice("s16le", "f32le"))
+    quiet_after_ms: int = field(default=3000, metadata=rng(100, 600_000))  # live: no audio
+    # for this long -> the source is reported down (pusher gone, device unplugged)
 
 
 @register_section("recognizer")
@@ -164,6 +168,22 @@ def build_section(name: str, cls: type[T], table: dict[str, Any]) -> T:
     return obj
 
 
+CHANNEL_NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,31}$")
+_CHANNEL_KEYS = ("tick", "source", "sinks", "events")
+
+
+@dataclass(frozen=True, slots=True)
+class ChannelSpec:
+    """One channel: its own source, tick settings (latency), sinks and events log."""
+
+    name: str
+    tick: TickConfig
+    source: SourceConfig
+    sinks: SinksConfig
+    events: EventsConfig
+    sink_options: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+
 @dataclass(frozen=True, slots=True)
 class Config:
     tick: TickConfig
@@ -175,6 +195,15 @@ class Config:
     events: EventsConfig
     path: str = ""
     extra: dict[str, Any] = field(default_factory=dict)  # name -> validated section or raw table
+    channels: tuple[ChannelSpec, ...] = ()  # [channels.NAME]; () = one channel from the top
+
+    def channel_specs(self) -> tuple[ChannelSpec, ...]:
+        """The channels to run: [channels.NAME] tables, or one "main" channel made of the
+        top-level [tick], [source], [sinks] and [events] sections."""
+        if self.channels:
+            return self.channels
+        return (ChannelSpec("main", self.tick, self.source, self.sinks, self.events,
+                            dict(self.extra.get("sink_options", {}))),)
 
     def section(self, name: str, cls: type[T]) -> T:
         """A section owned by another module, validated with the same rules."""
@@ -187,7 +216,44 @@ class Config:
         return dataclasses.replace(self, **sections)
 
 
-_CORE = ("tick", "source", "recognizer", "pipeline", "server", "sinks", "events")
+_CORE = ("tick", "source", "recognizer", "pipeline", "server", "sinks", "events", "channels")
+
+
+def _split_sinks(table: dict[str, Any]) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
+    """[sinks] keys, and its [sinks.NAME] tables (each sink's options)."""
+    table = dict(table)
+    options = {k: table.pop(k) for k in list(table) if isinstance(table[k], dict)}
+    return table, options
+
+
+def _channel_specs(data: dict[str, Any]) -> tuple[ChannelSpec, ...]:
+    channels = data.get("channels", {})
+    if not isinstance(channels, dict):
+        raise ConfigError("[channels]: expected tables [channels.NAME]")
+    specs = []
+    for name, table in channels.items():
+        where = f"channels.{name}"
+        if not CHANNEL_NAME.match(name):
+            raise ConfigError(f"[{where}]: a channel name is 1-32 of a-z, 0-9, _ and -, "
+                              f"starting with a letter or digit")
+        if not isinstance(table, dict):
+            raise ConfigError(f"[{where}]: expected a table")
+        unknown = sorted(set(table) - set(_CHANNEL_KEYS))
+        if unknown:
+            raise ConfigError(f"[{where}] {unknown[0]}: unknown key "
+                              f"(known: {', '.join(_CHANNEL_KEYS)})")
+        merged: dict[str, Any] = {}
+        for key in _CHANNEL_KEYS:
+            top, own = data.get(key, {}), table.get(key, {})
+            if not isinstance(own, dict):
+                raise ConfigError(f"[{where}.{key}]: expected a table")
+            merged[key] = {**(top if isinstance(top, dict) else {}), **own}
+        sinks, options = _split_sinks(merged["sinks"])  # a channel's [..sinks.NAME] wins
+        built = {key: build_section(f"{where}.{key}", _SECTIONS[key], merged[key])
+                 for key in ("tick", "source", "events")}
+        specs.append(ChannelSpec(name, sinks=build_section(f"{where}.sinks", SinksConfig, sinks),
+                                 sink_options=options, **built))
+    return tuple(specs)
 
 
 def config_from_dict(data: dict[str, Any], path: str = "") -> Config:
@@ -202,10 +268,10 @@ def config_from_dict(data: dict[str, Any], path: str = "") -> Config:
         extra[name] = build_section(name, cls, table) if cls else table
     sinks_table = dict(data.get("sinks", {})) if isinstance(data.get("sinks"), dict) else {}
     # [sinks.NAME] tables are the options of each sink, validated by the sink itself
-    extra["sink_options"] = {k: sinks_table.pop(k) for k in list(sinks_table)
-                             if isinstance(sinks_table[k], dict)}
+    sinks_table, extra["sink_options"] = _split_sinks(sinks_table)
+    channels = _channel_specs(data)
     data = {**data, "sinks": sinks_table}
-    for name in _CORE:
+    for name in _CORE[:-1]:
         core[name] = build_section(name, _SECTIONS[name], data.get(name, {}))
     from subd.ticks import parse_fps  # fps is a string: check it here, not at the first tick
 
@@ -213,7 +279,12 @@ def config_from_dict(data: dict[str, Any], path: str = "") -> Config:
         parse_fps(core["tick"].fps)
     except ConfigError as exc:
         raise ConfigError(f"[tick] {exc}") from None
-    return Config(**core, path=path, extra=extra)
+    for spec in channels:
+        try:
+            parse_fps(spec.tick.fps)
+        except ConfigError as exc:
+            raise ConfigError(f"[channels.{spec.name}.tick] {exc}") from None
+    return Config(**core, path=path, extra=extra, channels=channels)
 
 
 def load_config(path: str | Path | None = None) -> Config:

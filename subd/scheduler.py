@@ -84,6 +84,7 @@ class TickSettings:
     min_update_ms: int = 200
     miss_tolerance_ms: float = 0.0  # 0: half a tick period
     drain_timeout_s: float = 30.0
+    max_latency_ms: int = 0  # the slot ring is sized for this D (reloads up to it); 0: latency
 
 
 class Pipeline:
@@ -104,6 +105,7 @@ class Pipeline:
         self.counters = Counters()
         self.grid: TickGrid | None = None
         self._grid_prev: TickGrid | None = None
+        self._switch_k = -1  # ticks before it are due on _grid_prev
         self.ring: SlotRing | None = None
         self.features = FeatureHistory(history.capacity // FRAME_SAMPLES + 1)
         self.drift = DriftEstimator() if source.live else None
@@ -125,7 +127,7 @@ class Pipeline:
 
     def _due(self, k: int) -> int:
         assert self.grid is not None
-        if self._grid_prev is not None and k < self.grid.anchor_k:
+        if self._grid_prev is not None and k < self._switch_k:
             return self._grid_prev.due_ns(k)
         return self.grid.due_ns(k)
 
@@ -139,7 +141,8 @@ class Pipeline:
         t0_ns = await self.source.start(self.clock)
         self.grid = TickGrid.create(s.fps, t0_ns, s.latency_ms, s.lookahead_ms, rate=s.rate)
         cal = RingCalibration.for_period(self.grid.period_ns)
-        n_slots = n_slots_for(self.grid.latency_ns, self.grid.lookahead_ns,
+        self._ring_latency_ns = max(self.grid.latency_ns, s.max_latency_ms * NS_PER_MS)
+        n_slots = n_slots_for(self._ring_latency_ns, self.grid.lookahead_ns,
                               self.grid.wall_period_ns)
         self.ring = SlotRing(n_slots, cal)
         self.ingest = Ingest(self.grid, self.ring, self.history, self.features, self.clock,
@@ -174,6 +177,48 @@ class Pipeline:
                 self.events.flush()
         self.counters.stale_slots = self.ring.stale_count
         return self.counters
+
+    # ---- hooks for the daemon (reload, health) ----------------------------------------------
+
+    @property
+    def recognised_until_ns(self) -> int:
+        """Audio time the recogniser has heard up to."""
+        return self._rec_audio_end_ns
+
+    @property
+    def ingested_until_ns(self) -> int:
+        return samples_to_ns(self.ingest.ingested) if self.ingest is not None else 0
+
+    def set_latency(self, latency_ms: int) -> int | None:
+        """Change D on the running pipeline (a configuration reload). Returns the first tick
+        due with the new D (None before the clock started). Ticks already fetched keep their
+        times; a longer D pauses publication by the difference, a shorter one publishes the
+        ticks that are then overdue at once (late: they count as deadline misses)."""
+        s = self.settings
+        limit_ms = max(s.max_latency_ms, s.latency_ms)
+        if self.grid is not None:
+            limit_ms = self._ring_latency_ns // NS_PER_MS
+        if not s.lookahead_ms < latency_ms <= limit_ms:
+            raise ValueError(f"latency_ms = {latency_ms}: must be in {s.lookahead_ms + 1}.."
+                             f"{limit_ms} (the slot ring was sized at start)")
+        self.settings = replace(s, latency_ms=latency_ms)
+        grid = self.grid
+        if grid is None:
+            return None
+        if self.last_published_k + 1 < self._switch_k:
+            raise RuntimeError("the tick grid is still switching; try again")
+        now = self.clock.now_ns()
+        margin_ns = grid.lookahead_ns + 2 * int(grid.wall_period_ns)  # not fetched yet
+        k = max(grid.first_due_at_or_after(now + margin_ns), self._switch_k + 1,
+                self.last_published_k + 2)
+        delta_ns = latency_ms * NS_PER_MS - grid.latency_ns
+        anchor_due_ns = grid.due_ns(grid.anchor_k) if grid.anchor_due_ns is None \
+            else grid.anchor_due_ns
+        # same anchor, shifted by the change: T(k) = t0 + (k+1)·P + D' stays exact
+        self._grid_prev, self._switch_k, self.grid = grid, k, replace(
+            grid, latency_ns=latency_ms * NS_PER_MS, anchor_due_ns=anchor_due_ns + delta_ns)
+        log.info("latency %d -> %d ms from tick %d", grid.latency_ns // NS_PER_MS, latency_ms, k)
+        return k
 
     # ---- ingest + features ------------------------------------------------------------------
 
@@ -245,7 +290,7 @@ class Pipeline:
         rate = fit.rate() * self.settings.rate
         want_ns = fit.monotonic_ns(grid.audio_end_sample(k)) + grid.latency_ns
         offset = max(-MAX_SLEW_NS, min(MAX_SLEW_NS, want_ns - self._due(k)))
-        self._grid_prev, self.grid = grid, replace(
+        self._grid_prev, self._switch_k, self.grid = grid, k, replace(
             grid, rate=rate, anchor_k=k, anchor_due_ns=self._due(k) + offset)
         log.debug("sample clock %+.1f ppm; tick grid rebased at k=%d (%+d ns)", fit.ppm, k,
                   offset)

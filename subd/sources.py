@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import random
 import sys
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from fractions import Fraction
 from pathlib import Path
@@ -182,12 +183,14 @@ class QueueSource:
         self.next_sample = 0
         self.dropped_chunks = 0
         self.ended = False
+        self.last_push_ns: int | None = None  # CLOCK_MONOTONIC of the last chunk (health)
         self._first: np.ndarray | None = None
 
     def push(self, samples: np.ndarray) -> bool:
         """Queue a chunk (event-loop thread). False if the queue is full (chunk dropped)."""
         if self.ended:
             return False
+        self.last_push_ns = time.monotonic_ns()
         try:
             self._queue.put_nowait(samples)
         except asyncio.QueueFull:

@@ -1,15 +1,23 @@
-"""``subd run [--config config.toml]``: the daemon."""
+"""``subd run [--config config.toml]``: the daemon, with its operations around it.
+
+Logging is one line per event (journald-friendly, repeats rate-limited); the service manager
+hears READY/WATCHDOG/STATUS/STOPPING over NOTIFY_SOCKET (and worker processes never inherit
+the socket); SIGTERM or SIGINT drains and exits 0, a second SIGINT forces, SIGHUP reloads the
+configuration file (a bad one is refused, and the old configuration stays).
+"""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
 import logging
-import signal
+import os
 
 from subd.config import load_config
 
 log = logging.getLogger("subd.run")
+
+DRAIN_TIMEOUT_S = 4.5  # SIGTERM -> exit within 5 s, the files finalised
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -19,34 +27,83 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-async def _run(daemon) -> int:
-    loop = asyncio.get_running_loop()
-    task = asyncio.current_task()
-    stopping = []
+def _keep_notify_to_ourselves() -> None:
+    """Drop the notify variables from our environment once the Notifier has read them, so
+    worker processes (spawned with this environment) cannot notify on our behalf."""
+    from subd.notify import scrub_child_environment
 
-    def stop(signum: int) -> None:
-        if not stopping:
-            stopping.append(signum)
-            log.info("%s: stopping", signal.Signals(signum).name)
-            task.cancel()
+    clean = scrub_child_environment(dict(os.environ))
+    for key in set(os.environ) - set(clean):
+        del os.environ[key]
 
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(signum, stop, signum)
+
+async def _serve(daemon, controller) -> int:
+    from subd.signals import EXIT_FORCED
+
+    controller.install()
+    run_task = asyncio.create_task(daemon.run(), name="daemon")
+    wait_task = asyncio.create_task(controller.wait(), name="signals")
     try:
-        await daemon.run()
-    except asyncio.CancelledError:
-        if not stopping:
-            raise
-    return 0
+        done, _ = await asyncio.wait({run_task, wait_task},
+                                     return_when=asyncio.FIRST_COMPLETED)
+        if run_task in done and not controller.stopping:  # every channel ended by itself
+            wait_task.cancel()
+            await asyncio.gather(wait_task, return_exceptions=True)
+            run_task.result()  # a start-up error is raised here
+            return daemon.exit_code
+        code = await wait_task
+        if code == EXIT_FORCED or not run_task.done():
+            run_task.cancel()
+        results = await asyncio.gather(run_task, return_exceptions=True)
+        if isinstance(results[0], Exception):
+            log.error("the daemon ended with %s: %s", type(results[0]).__name__, results[0])
+        return code
+    finally:
+        controller.uninstall()
+        daemon.notifier.close()
 
 
 def run(args: argparse.Namespace) -> int:
-    from subd.daemon import Daemon, build_sink, build_source, sink_options
+    import subd.logs
+    from subd.daemon import Daemon
+    from subd.health import HealthLimits, HealthMonitor
+    from subd.httpsafe import resolve_token
+    from subd.metrics import Metrics
+    from subd.notify import Notifier
+    from subd.signals import Reloader, SignalController
 
-    cfg = load_config(args.config)
-    source = build_source(cfg)
-    sinks = [build_sink(name, sink_options(cfg, name)) for name in cfg.sinks.enabled]
-    needs_server = any(hasattr(s, "handle_events") for s in sinks) or cfg.source.kind == "http"
-    serve = (cfg.server.host, cfg.server.port) if needs_server else None
-    daemon = Daemon(cfg, source, sinks=sinks, events_path=cfg.events.path or None, serve=serve)
-    return asyncio.run(_run(daemon))
+    root = logging.getLogger()
+    saved = (list(root.handlers), root.level)
+    level = logging.DEBUG if getattr(args, "verbose", False) else logging.INFO
+    repeat = subd.logs.setup_logging(level)
+    try:
+        cfg = load_config(args.config)
+        token = resolve_token(cfg.server.push_token)
+        notifier = Notifier()
+        _keep_notify_to_ourselves()
+        metrics = Metrics()
+        health = HealthMonitor(HealthLimits())
+        daemon = Daemon(cfg, serve=(cfg.server.host, cfg.server.port), notifier=notifier,
+                        metrics=metrics, health=health, log_filter=repeat, supervise=True,
+                        push_token=token)
+        path = args.config
+
+        def load():
+            return load_config(path) if path else load_config(None)
+
+        reloader = Reloader(cfg, load, daemon.apply_config,
+                            on_result=lambda result: metrics.reloads.labels(result).inc())
+
+        async def main() -> int:
+            controller = SignalController(drain=daemon.drain, reload=reloader,
+                                          drain_timeout_s=DRAIN_TIMEOUT_S, notifier=notifier)
+            return await _serve(daemon, controller)
+
+        return asyncio.run(main())
+    finally:
+        repeat.flush_all()
+        for handler in list(root.handlers):  # in-process callers (tests) get theirs back
+            root.removeHandler(handler)
+        for handler in saved[0]:
+            root.addHandler(handler)
+        root.setLevel(saved[1])

@@ -1,0 +1,147 @@
+"""Running the real daemon (``python -m subd.cli run``) as a subprocess in tests."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+LIBRIVOX = Path("/usr/share/pocketsphinx/test/data/librivox")
+SHORT_CLIP = LIBRIVOX / "sense_and_sensibility_01_austen_64kb-0880.wav"  # 3.0 s
+TOKEN = "test-push-token-0123456789"
+START_LIMIT_S = 300.0  # loading the model on a busy 2-core machine
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def http(port: int, path: str, *, method: str = "GET", data: bytes | None = None,
+         headers: dict[str, str] | None = None) -> tuple[int, bytes]:
+    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=data, method=method,
+                                 headers=headers or {})
+    try:
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            return resp.status, resp.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read()
+
+
+def healthz(port: int, path: str = "/healthz") -> tuple[int, dict]:
+    status, body = http(port, path)
+    return status, json.loads(body)
+
+
+def wait_for(predicate, limit_s: float, what: str, proc: subprocess.Popen | None = None,
+             log: Path | None = None):
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            tail = log.read_text(errors="replace")[-3000:] if log else ""
+            raise AssertionError(f"the daemon exited ({proc.returncode}) waiting for {what}\n"
+                                 f"{tail}")
+        try:
+            got = predicate()
+        except (OSError, ValueError):
+            got = None
+        if got:
+            return got
+        time.sleep(0.1)
+    tail = log.read_text(errors="replace")[-3000:] if log else ""
+    raise AssertionError(f"timed out waiting for {what}\n{tail}")
+
+
+@dataclass
+class NotifyListener:
+    """An AF_UNIX datagram socket standing in for systemd's NOTIFY_SOCKET, read at once by a
+    thread (as systemd does: the kernel queues only a few datagrams)."""
+
+    path: Path
+    messages: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.sock.bind(str(self.path))
+        self.sock.settimeout(0.2)
+        self._closed = threading.Event()
+        self._thread = threading.Thread(target=self._read, daemon=True)
+        self._thread.start()
+
+    def _read(self) -> None:
+        while not self._closed.is_set():
+            try:
+                self.messages.append(self.sock.recv(65536).decode())
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+
+    def drain(self) -> list[str]:
+        return list(self.messages)
+
+    def assignments(self) -> list[str]:
+        return [line for m in self.drain() for line in m.split("\n")]
+
+    def close(self) -> None:
+        self._closed.set()
+        self._thread.join(2)
+        self.sock.close()
+
+
+@dataclass
+class DaemonProc:
+    proc: subprocess.Popen
+    port: int
+    config: Path
+    log: Path
+
+    def log_text(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def signal(self, signum: int) -> None:
+        self.proc.send_signal(signum)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+def start_daemon(tmp: Path, config_text: str, port: int,
+                 env: dict[str, str] | None = None) -> DaemonProc:
+    config = tmp / "subd.toml"
+    config.write_text(config_text)
+    log = tmp / "daemon.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "subd.cli", "run", "--config", str(config)],
+            stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})},
+        )
+    return DaemonProc(proc, port, config, log)
+
+
+def read_jsonl(path: Path) -> tuple[dict, list[dict]]:
+    lines = [json.loads(line) for line in path.read_text().splitlines() if line.endswith("}")]
+    return lines[0], [r for r in lines[1:] if r.get("type") == "tick"]
+
+
+def latency_ns_of(start: dict, tick: dict) -> int:
+    """due_ns - (t0 + end of the tick's audio): D as the tick was scheduled (speed 1)."""
+    num, den = map(int, start["fps"].split("/"))
+    audio_end_ns = (tick["k"] + 1) * 10**9 * den // num
+    return tick["due_ns"] - start["t0_ns"] - audio_end_ns
