@@ -268,6 +268,13 @@ class OpsObserver:
         if self.inner is not None:
             self.inner.on_publish(state, sent_ns)
 
+    def on_stage(self, name: str, duration_ns: int) -> None:
+        """A stage other than recognition finished one unit of work (tag pass, publication)."""
+        self.metrics.stage_duration(name, duration_ns)
+        forward = getattr(self.inner, "on_stage", None)
+        if forward is not None:
+            forward(name, duration_ns)
+
     def on_hypothesis(self, result: Any, now_ns: int) -> None:
         """``result`` is a ``subd.stages.RecogniseResult``."""
         self.metrics.stage_duration("recognise", result.duration_ns)

@@ -353,7 +353,7 @@ class Pipeline:
         self.counters.degraded_ticks += 1
 
     def _store(self, result: TagResult) -> None:
-        self.counters.stage["tag"].add(result.duration_ns)
+        self._stage_done("tag", result.duration_ns)
         self.words.add_tagged(result)
         slot = self.ring.get(result.k)
         if slot is not None and slot.result is DEGRADED:
@@ -416,9 +416,15 @@ class Pipeline:
         self.ring.release(state.k)
         self.last_published_k = state.k
         self._prev = state
-        c.stage["publish"].add(self.clock.now_ns() - sent_ns)
+        self._stage_done("publish", self.clock.now_ns() - sent_ns)
         if self.observer is not None:
             self.observer.on_publish(state, sent_ns)
+
+    def _stage_done(self, name: str, duration_ns: int) -> None:
+        self.counters.stage[name].add(duration_ns)
+        on_stage = getattr(self.observer, "on_stage", None)
+        if on_stage is not None:
+            on_stage(name, duration_ns)
 
     def _drained(self, k: int) -> bool:
         if self._source_done and self._rec_finished and self.words.tag_flushed \

@@ -109,19 +109,30 @@ def test_push_without_the_token_is_refused(daemon):
     assert http(daemon.port, "/metrics", method="POST", data=b"x")[0] == 405  # read-only
 
 
+def _ticks_total(families) -> float:
+    return sum(s.value for s in families["subd_ticks"].samples
+               if s.name == "subd_ticks_total" and s.labels["channel"] == "main")
+
+
 def test_metrics_parse_with_prometheus_client(daemon):
-    status, body = http(daemon.port, "/metrics")
-    assert status == 200
-    families = {f.name: f for f in text_string_to_metric_families(body.decode())}
-    ticks_total = [s.value for s in families["subd_ticks"].samples
-                   if s.name == "subd_ticks_total" and s.labels["channel"] == "main"]
-    assert ticks_total and ticks_total[0] > 0
+    def scrape():
+        status, body = http(daemon.port, "/metrics")
+        assert status == 200
+        return {f.name: f for f in text_string_to_metric_families(body.decode())}
+
+    wait_for(lambda: _ticks_total(scrape()) > 0, 20, "ticks in /metrics", daemon.proc, daemon.log)
+    for _ in range(2):  # two refused pushes, whatever ran before
+        assert http(daemon.port, "/push", method="POST", data=bytes(320))[0] == 401
+    families = scrape()
     assert "subd_publish_error_seconds" in families
     rejected = sum(s.value for s in families["subd_http_rejected"].samples
                    if s.name == "subd_http_rejected_total")
     assert rejected >= 2  # the refused pushes were counted
     loaded = families["subd_model_loaded"].samples[0].value
     assert loaded == 1
+    stages = {s.labels["stage"] for s in families["subd_stage_duration_seconds"].samples
+              if s.name == "subd_stage_duration_seconds_count" and s.value > 0}
+    assert {"recognise", "publish"} <= stages  # per-stage durations are exported
 
 
 def test_a_bad_reload_keeps_the_daemon_running_and_says_why(daemon):
