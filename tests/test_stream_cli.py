@@ -88,10 +88,11 @@ def test_stream_rejects_bad_options_in_one_line(silent_wav, capsys, argv, needle
 
 
 def test_stream_names_a_sink_that_is_not_registered(silent_wav, capsys, tmp_path):
-    if "srt" in available_sinks():
-        pytest.skip("an srt sink is registered")
-    assert main(["stream", str(silent_wav), "--srt", str(tmp_path / "o.srt")]) == 2
-    assert "unknown sink 'srt'" in _error_line(capsys)
+    assert "nope" not in available_sinks()
+    cfg = tmp_path / "c.toml"
+    cfg.write_text('[sinks]\nenabled = ["nope"]\n')
+    assert main(["stream", str(silent_wav), "--config", str(cfg)]) == 2
+    assert "unknown sink 'nope'" in _error_line(capsys)
 
 
 def test_bad_config_file_is_one_line(tmp_path, silent_wav, capsys):
