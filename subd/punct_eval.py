@@ -21,6 +21,8 @@ from subd.types import SAMPLE_RATE_HZ, AudioChunk
 SENTENCE_END = (".", "?", "!")
 MARKS = (".", ",", "?")
 _MAP = {":": ",", ";": ",", "!": "!", ".": ".", ",": ",", "?": "?"}
+# A title's full stop ("Mr.") is not a sentence boundary, in the reference or in the output.
+_TITLES = frozenset({"mr", "mrs", "ms", "dr", "prof", "st", "jr", "sr", "vs"})
 
 
 def reference_words(text: str) -> list[tuple[str, str]]:
@@ -30,6 +32,8 @@ def reference_words(text: str) -> list[tuple[str, str]]:
         m = re.match(r"^[\"'(\[]*(.*?)([.,?!:;\"')\]-]*)$", token)
         word, trail = m.group(1), m.group(2)
         mark = next((_MAP[c] for c in trail if c in _MAP), "")
+        if mark == "." and trail.startswith(".") and _norm(word) in _TITLES:
+            mark = ""
         for i, part in enumerate(p for p in re.split(r"-+", word) if p):
             last = i == len([p for p in re.split(r"-+", word) if p]) - 1
             out.append((_norm(part), mark if last else ""))

@@ -8,6 +8,13 @@ so far). Then their punctuation and case become final and are never changed agai
 after them are decoded with the final words pinned, so a later, better-informed window can
 never contradict what was already shown. Tentative words are only ever right context.
 
+The recogniser's own marks ("them." / "man,") go to the tagger as evidence, together with how
+many words the recogniser had decoded after each word in the hypothesis that committed it (0 =
+the word ended its decoded window: the place where its sentence ends are least reliable). That
+count is exact when ``update`` is called once per recogniser hypothesis; when several
+hypotheses' committed words arrive in one call, the words of earlier ones look better covered
+than they were.
+
 Work per update is bounded: the tagger sees at most ``left_context_words`` final words, the
 pending words (at most ``max_pending_words``; beyond that the oldest are decided anyway) and
 the tentative tail.
@@ -20,7 +27,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from subd.errors import ConfigError
-from subd.models.punct import PunctTagger, WordTag, pauses_ms_of, tagged_word
+from subd.models.punct import (
+    PunctTagger,
+    RecogniserMark,
+    WordTag,
+    pauses_ms_of,
+    recogniser_mark,
+    tagged_word,
+)
 from subd.models.punct.features import pause_buckets
 from subd.types import Hypothesis, TaggedWord, Word
 
@@ -35,12 +49,16 @@ class PunctConfig:
     pause_commit_ms: float = 350.0
     left_context_words: int = 16
     max_pending_words: int = 48
+    recogniser_marks: bool = True  # weigh the recogniser's own marks (False: words only)
 
     def __post_init__(self) -> None:
         _check("right_context_words", self.right_context_words, 1, 32)
         _check("pause_commit_ms", self.pause_commit_ms, 50.0, 5000.0)
         _check("left_context_words", self.left_context_words, 1, 256)
         _check("max_pending_words", self.max_pending_words, self.right_context_words + 1, 512)
+        if not isinstance(self.recogniser_marks, bool):
+            raise ConfigError(
+                f"[punct] recogniser_marks must be true or false, got {self.recogniser_marks!r}")
 
 
 def _check(key: str, value: float, lo: float, hi: float) -> None:
@@ -61,8 +79,10 @@ class PunctStream:
     def __init__(self, tagger: PunctTagger, config: PunctConfig | None = None) -> None:
         self.tagger = tagger
         self.config = config or PunctConfig()
-        self._left: deque[TaggedWord] = deque(maxlen=self.config.left_context_words)
+        self._left: deque[tuple[TaggedWord, RecogniserMark]] = deque(
+            maxlen=self.config.left_context_words)
         self._pending: list[Word] = []
+        self._pending_marks: list[RecogniserMark] = []
         self._n_final = 0
         self._last_end_ns = -1
         self._memo_key: tuple | None = None
@@ -88,6 +108,9 @@ class PunctStream:
                 raise ValueError(f"committed word {w.text!r} starts long before the previous one")
             self._last_end_ns = max(self._last_end_ns, w.end_ns)
         self._pending.extend(committed)
+        n_decoded = len(committed) + len(tentative)  # words of the hypothesis, in order
+        self._pending_marks += [recogniser_mark(w.text, n_decoded - 1 - i)
+                                for i, w in enumerate(committed)]
         tail = [w for w in tentative if w.start_ns >= self._last_end_ns - 50 * NS_PER_MS]
         n_decide = self._n_ready(tail, audio_end_ns)
         return self._decide(tail, audio_end_ns, n_decide, complete=False)
@@ -116,8 +139,12 @@ class PunctStream:
     ) -> PunctUpdate:
         if not self._pending and not tail:
             return PunctUpdate((), ())
-        left = list(self._left)
+        left = [t for t, _ in self._left]
         window = [t.word for t in left] + self._pending + list(tail)
+        marks: list[RecogniserMark] | None = None
+        if self.config.recogniser_marks:
+            marks = [m for _, m in self._left] + self._pending_marks
+            marks += [recogniser_mark(w.text, len(tail) - 1 - i) for i, w in enumerate(tail)]
         pauses = pauses_ms_of(window, audio_end_ns)
         # The tag stage may run at every tick; re-tag only when the input changed.
         key = (self._n_final, len(self._pending), tuple(tail), complete,
@@ -127,7 +154,7 @@ class PunctStream:
             fixed += [None] * (len(window) - len(left))
             self._memo_tags = self.tagger.tag(
                 [w.text for w in window], pauses, right_context_complete=complete,
-                fixed=fixed, stream_start=self._n_final == 0,
+                fixed=fixed, stream_start=self._n_final == 0, recogniser=marks,
             )[len(left):]
             self._memo_key = key
         tags = self._memo_tags
@@ -135,7 +162,8 @@ class PunctStream:
         final = tuple(tagged_word(w, t, True) for w, t in decided)
         rest = list(zip([*self._pending[n_decide:], *tail], tags[n_decide:], strict=True))
         provisional = tuple(tagged_word(w, t, False) for w, t in rest)
-        self._left.extend(final)
+        self._left.extend(zip(final, self._pending_marks[:n_decide], strict=True))
         self._pending = self._pending[n_decide:]
+        self._pending_marks = self._pending_marks[n_decide:]
         self._n_final += len(final)
         return PunctUpdate(final, provisional)

@@ -24,10 +24,13 @@ def tagger() -> PunctTagger:
     return PunctTagger.load()
 
 
-def _timed(text: str, rng: random.Random) -> list[Word]:
+def _timed(text: str, rng: random.Random, marks: bool = False) -> list[Word]:
+    """Timed words; with ``marks`` spelled as a noisy recogniser might ("Home." "going,")."""
     out, t = [], 0
     for w in text.split():
         dur = 150 + 40 * len(w)
+        if marks and rng.random() < 0.2:
+            w = rng.choice([w.capitalize(), w]) + rng.choice([".", ",", "?", ""])
         out.append(Word(w, t * MS, (t + dur) * MS))
         t += dur + (rng.choice([20, 40, 60, 500, 900]) if rng.random() < 0.15 else 30)
     return out
@@ -42,16 +45,19 @@ def test_config_is_validated() -> None:
         PunctConfig(right_context_words=8, max_pending_words=4)
     with pytest.raises(ConfigError, match="left_context_words"):
         PunctConfig(left_context_words=0)
+    with pytest.raises(ConfigError, match="recogniser_marks must be true or false"):
+        PunctConfig(recogniser_marks="yes")  # type: ignore[arg-type]
     assert PunctConfig(right_context_words=5).right_context_words == 5
 
 
 @pytest.mark.parametrize("seed", range(6))
 def test_committed_punctuation_is_never_retracted(tagger: PunctTagger, seed: int) -> None:
     rng = random.Random(seed)
-    words = _timed(TEXT, rng)
+    words = _timed(TEXT, rng, marks=seed % 2 == 0)
     cfg = PunctConfig(right_context_words=rng.randint(1, 5),
                       pause_commit_ms=rng.choice([200.0, 350.0, 800.0]),
-                      left_context_words=rng.choice([1, 4, 16]))
+                      left_context_words=rng.choice([1, 4, 16]),
+                      recogniser_marks=seed % 3 != 0)
     stream = PunctStream(tagger, cfg)
     finals = []
     i = 0
@@ -110,7 +116,9 @@ def test_chunk_edge_waits_for_right_context(tagger: PunctTagger) -> None:
 def test_long_pause_decides_without_right_words(tagger: PunctTagger) -> None:
     words = [Word(w, i * 300 * MS, (i * 300 + 250) * MS)
              for i, w in enumerate("i am going home".split())]
-    stream = PunctStream(tagger, PunctConfig(right_context_words=5, pause_commit_ms=400.0))
+    # words without the recogniser's spelling: decided on words and pauses alone
+    stream = PunctStream(tagger, PunctConfig(right_context_words=5, pause_commit_ms=400.0,
+                                             recogniser_marks=False))
     short = stream.update(words, (), words[-1].end_ns + 100 * MS)
     assert short.final == ()
     long = stream.update((), (), words[-1].end_ns + 900 * MS)
@@ -125,3 +133,20 @@ def test_update_from_hypothesis(tagger: PunctTagger) -> None:
     assert [t.word.text for t in up.final] == ["what", "time"]
     assert up.final[0].text == "What"
     assert [t.word.text for t in up.provisional] == ["is", "it"]
+
+
+def test_recogniser_marks_reach_the_tagger(tagger: PunctTagger) -> None:
+    # Whisper heard a question (intonation) that the words alone do not show.
+    spelled = "you are going home? i thought you would stay."
+    words = [Word(w, i * 300 * MS, (i * 300 + 250) * MS) for i, w in enumerate(spelled.split())]
+    words[4:] = [Word(w.text, w.start_ns + 600 * MS, w.end_ns + 600 * MS) for w in words[4:]]
+    shown = {}
+    for use in (True, False):
+        stream = PunctStream(tagger, PunctConfig(recogniser_marks=use))
+        first = stream.update_from(Hypothesis(tuple(words[:6]), tuple(words[6:]),
+                                              words[-1].end_ns))
+        rest = stream.update_from(Hypothesis(tuple(words[6:]), (), words[-1].end_ns))
+        done = stream.flush(words[-1].end_ns + 900 * MS)
+        shown[use] = render([*first.final, *rest.final, *done.final])
+    assert shown[True] == "You are going home? I thought you would stay."
+    assert shown[False] != shown[True]

@@ -8,7 +8,15 @@ from pathlib import Path
 import pytest
 
 from subd.errors import ModelError
-from subd.models.punct import CASES, PUNCTS, PunctTagger, render, tag_words
+from subd.models.punct import (
+    CASES,
+    PUNCTS,
+    PunctTagger,
+    RecogniserMark,
+    recogniser_mark,
+    render,
+    tag_words,
+)
 from subd.models.punct.features import Featuriser
 from subd.models.punct.tagger import PACKAGE_DIR
 from subd.models.punct.text import apply_case, label_text, normalise_word
@@ -54,8 +62,10 @@ def test_ten_thousand_words(tagger: PunctTagger) -> None:
     assert len(tags) == 10_000
     assert all(t.punct in PUNCTS and t.case in CASES and 0.0 <= t.break_after <= 1.0
                for t in tags)
-    # The same two sentences, 1250 times: punctuated the same way across window boundaries.
-    shown = {" ".join(f"{t.case}{t.punct}" for t in tags[i : i + 8]) for i in range(0, 10_000, 8)}
+    # The same two sentences, 1250 times: punctuated the same way across window boundaries
+    # (the last two, whose right context the stream cut, may be left open).
+    shown = {" ".join(f"{t.case}{t.punct}" for t in tags[i : i + 8])
+             for i in range(0, 10_000 - 8, 8)}
     assert shown == {"cap lower lower lower? cap lower lower lower."}
 
 
@@ -118,6 +128,40 @@ def test_chunk_edge_gets_no_period_once_context_arrives(tagger: PunctTagger) -> 
     assert full[edge].punct == ""
     assert full[edge + 1].case == "lower"
     assert full[-1].punct == "."
+
+
+def _marked(tagger: PunctTagger, spelled: str, edge_after: set[int],
+            long_pause_after: set[int]) -> str:
+    """Tag words as the recogniser spelled them ("safe?"), its marks given as evidence; words
+    in ``edge_after`` ended its decoded window (nothing decoded after them)."""
+    words = _speak(spelled, long_pause_after)
+    marks = [recogniser_mark(w.text, 0 if i in edge_after else 3) for i, w in enumerate(words)]
+    tags = tagger.tag([w.text for w in words], [700.0 if i in long_pause_after else 40.0
+                                                for i in range(len(words))], recogniser=marks)
+    plain = [normalise_word(w.text) for w in words]
+    return " ".join(f"{w}{t.punct}" for w, t in zip(plain, tags, strict=True))
+
+
+def test_recogniser_question_mark_is_kept(tagger: PunctTagger) -> None:
+    # Only intonation says it is a question: the recogniser heard it, the words do not say so.
+    spelled = "You are going home? I thought you would stay."
+    assert _marked(tagger, spelled, set(), {3}) == "you are going home? i thought you would stay."
+
+
+def test_recogniser_period_at_a_window_edge_is_not_trusted(tagger: PunctTagger) -> None:
+    # "then." ended the recogniser's window while speech went on without a pause.
+    spelled = "I went to the market and then. We walked home together."
+    assert _marked(tagger, spelled, {6}, set()) == (
+        "i went to the market and then we walked home together.")
+
+
+def test_recogniser_marks_unknown_is_plain_text(tagger: PunctTagger) -> None:
+    words = "where are you going i am going home".split()
+    pauses = [40.0, 40.0, 40.0, 700.0, 40.0, 40.0, 40.0, 700.0]
+    plain = tagger.tag(words, pauses)
+    assert tagger.tag(words, pauses, recogniser=[None] * len(words)) == plain
+    with pytest.raises(ValueError, match="recogniser marks"):
+        tagger.tag(words, pauses, recogniser=[RecogniserMark(".", "cap")])
 
 
 def test_labels_from_text() -> None:

@@ -3,6 +3,7 @@
     tagger = PunctTagger.load()                      # packaged weights, SHA-256 checked
     tagger.tag(["where", "are", "you", "going"], [40, 30, 20, 900])
     tag_words(tagger, words)                         # subd.types.Word -> TaggedWord
+    tag_words(tagger, words, use_marks=True)         # ... weighing the recogniser's own marks
 
 See MODEL_CARD.md for the data, licences and held-out figures.
 """
@@ -14,15 +15,26 @@ from collections.abc import Sequence
 from subd.types import TaggedWord, Word
 
 from .tagger import PunctTagger, WordTag
-from .text import CASES, PUNCTS, SENTENCE_END, apply_case, normalise_word
+from .text import (
+    CASES,
+    PUNCTS,
+    SENTENCE_END,
+    RecogniserMark,
+    apply_case,
+    normalise_word,
+    recogniser_mark,
+)
 
 __all__ = [
     "CASES",
     "PUNCTS",
     "SENTENCE_END",
     "PunctTagger",
+    "RecogniserMark",
     "WordTag",
     "pauses_ms_of",
+    "recogniser_mark",
+    "recogniser_marks_of",
     "render",
     "tag_words",
     "tagged_word",
@@ -42,6 +54,16 @@ def pauses_ms_of(words: Sequence[Word], after_last_ns: int | None) -> list[float
     return out
 
 
+def recogniser_marks_of(
+    words: Sequence[Word], n_after_last: int | None = None
+) -> list[RecogniserMark]:
+    """The recogniser's own marks of ``words`` decoded together (one hypothesis): word i had
+    ``len(words) - 1 - i`` words after it, plus ``n_after_last`` (None = unknown edges)."""
+    n = len(words)
+    return [recogniser_mark(w.text, None if n_after_last is None else n - 1 - i + n_after_last)
+            for i, w in enumerate(words)]
+
+
 def tagged_word(word: Word, tag: WordTag, final: bool) -> TaggedWord:
     """``text`` is the cased word without its mark; show it as ``text + punct``."""
     norm = normalise_word(word.text)
@@ -58,10 +80,13 @@ def tag_words(
     right_context_complete: bool = True,
     after_last_ns: int | None = None,
     final: bool = True,
+    use_marks: bool = False,
 ) -> list[TaggedWord]:
-    """Tag recogniser words (their own punctuation and case are ignored) in one pass."""
+    """Tag recogniser words in one pass. Their own punctuation and case are ignored, or with
+    ``use_marks`` weighed as evidence (decoding edges unknown)."""
+    marks = recogniser_marks_of(words) if use_marks else None
     tags = tagger.tag([w.text for w in words], pauses_ms_of(words, after_last_ns),
-                      right_context_complete=right_context_complete)
+                      right_context_complete=right_context_complete, recogniser=marks)
     return [tagged_word(w, t, final) for w, t in zip(words, tags, strict=True)]
 
 

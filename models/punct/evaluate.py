@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from .simulate import eval_stream
+from .simulate import eval_marks, eval_stream
 from .tagger import PunctTagger
 from .text import SENTENCE_END, LabelledWord
 
@@ -58,18 +58,29 @@ def score(
 
 
 def evaluate_docs(
-    tagger: PunctTagger, docs: Sequence[list[LabelledWord]], with_pauses: bool = True
+    tagger: PunctTagger | None, docs: Sequence[list[LabelledWord]], with_pauses: bool = True,
+    with_marks: bool = False,
 ) -> tuple[list[PRF], int]:
-    """Tag each held-out document as one stream; returns the scores and the word count."""
+    """Tag each held-out document as one stream; returns the scores and the word count.
+
+    ``with_marks``: give the tagger simulated recogniser marks (fixed seed). ``tagger`` None
+    scores those simulated marks themselves (the recogniser's own punctuation).
+    """
     tp: list[str] = []
     pp: list[str] = []
     tc: list[str] = []
     pc: list[str] = []
     for i, doc in enumerate(docs):
         words, pauses, puncts, cases = eval_stream(doc, EVAL_SEED + i)
-        tags = tagger.tag(words, pauses if with_pauses else None, right_context_complete=True)
+        marks = eval_marks(doc, pauses, EVAL_SEED + i)[0] if with_marks or tagger is None else None
         tp += puncts
         tc += cases
+        if tagger is None and marks is not None:
+            pp += [m.punct for m in marks]
+            pc += [m.case for m in marks]
+            continue
+        tags = tagger.tag(words, pauses if with_pauses else None, right_context_complete=True,
+                          recogniser=marks)
         pp += [t.punct for t in tags]
         pc += [t.case for t in tags]
     return score(tp, pp, tc, pc), len(tp)

@@ -3,7 +3,10 @@
 A word is described by: its vocabulary id (or a hashed out-of-vocabulary bucket), hashed
 character n-grams (prefixes, suffixes, inner trigrams: they carry "-ly", "wh-", digits,
 apostrophes for words never seen), a few shape flags, the pause after it (bucketed) and how
-many words of right context the tagger can see after it (bucketed, "complete" = end of stream).
+many words of right context the tagger can see after it (bucketed, "complete" = end of stream),
+and the recogniser's own evidence: the mark it wrote after the word, the word's case as it wrote
+it, and how many words it had decoded after the word (0 = window / commit-batch edge, where its
+marks are least reliable). Each evidence id has an "unknown" value 0 so plain text works too.
 Hashes are CRC-32 so that ids are stable across processes (Python's ``hash`` is salted).
 """
 
@@ -16,6 +19,8 @@ from functools import lru_cache
 
 import numpy as np
 
+from .text import CASES, PUNCTS, RecogniserMark
+
 PAD = 0
 OOV_BUCKETS = 1024
 NGRAM_BUCKETS = 16384
@@ -26,6 +31,30 @@ PAUSE_EDGES_MS = (40.0, 100.0, 180.0, 300.0, 450.0, 700.0, 1000.0, 1600.0)
 N_PAUSE_BUCKETS = len(PAUSE_EDGES_MS) + 2
 RIGHT_CONTEXT_CAP = 8  # right-context bucket 0..8; 8 also means "complete"
 N_RC_BUCKETS = RIGHT_CONTEXT_CAP + 1
+# Recogniser evidence ids [T, 3]: mark (0 unknown, 1+PUNCTS index), case (0 unknown, 1+CASES
+# index), words decoded after the word (0 unknown, 1 + min(n, EDGE_CAP)).
+N_RMARK = len(PUNCTS) + 1
+N_RCASE = len(CASES) + 1
+EDGE_CAP = 2
+N_REDGE = EDGE_CAP + 2
+N_EVIDENCE = 3
+
+
+def evidence_row(mark: RecogniserMark | None) -> tuple[int, int, int]:
+    """Ids of one word's recogniser evidence; (0, 0, 0) when there is none."""
+    if mark is None:
+        return (0, 0, 0)
+    edge = 0 if mark.n_after is None else 1 + min(max(mark.n_after, 0), EDGE_CAP)
+    return (1 + PUNCTS.index(mark.punct), 1 + CASES.index(mark.case), edge)
+
+
+def evidence_ids(marks: Sequence[RecogniserMark | None] | None, n: int) -> np.ndarray:
+    """Evidence ids [n, 3] of a sequence (None, or a None entry = recogniser marks unknown)."""
+    out = np.zeros((n, N_EVIDENCE), dtype=np.int64)
+    if marks is not None:
+        for i, m in enumerate(marks):
+            out[i] = evidence_row(m)
+    return out
 
 
 def _h(text: str, buckets: int) -> int:
@@ -107,8 +136,10 @@ class Featuriser:
         words: Sequence[str],
         pauses_ms: Sequence[float | None] | None,
         n_right: Sequence[int],
+        evidence: np.ndarray | None = None,
     ) -> dict[str, np.ndarray]:
-        """Arrays for one sequence: word [T], ngram [T,K], shape [T,S], pause [T], rc [T]."""
+        """Arrays for one sequence: word [T], ngram [T,K], shape [T,S], pause [T], rc [T],
+        evidence [T,3] (``evidence_ids``; None = no recogniser marks)."""
         n = len(words)
         word_ids = np.zeros(n, dtype=np.int64)
         ngrams = np.zeros((n, MAX_NGRAMS), dtype=np.int64)
@@ -120,7 +151,12 @@ class Featuriser:
             shape[i] = shp
         pause = pause_buckets(pauses_ms, n)
         rc = np.minimum(np.asarray(n_right, dtype=np.int64), RIGHT_CONTEXT_CAP)
-        return {"word": word_ids, "ngram": ngrams, "shape": shape, "pause": pause, "rc": rc}
+        if evidence is None:
+            evidence = np.zeros((n, N_EVIDENCE), dtype=np.int64)
+        elif evidence.shape != (n, N_EVIDENCE):
+            raise ValueError(f"evidence has shape {evidence.shape}, want {(n, N_EVIDENCE)}")
+        return {"word": word_ids, "ngram": ngrams, "shape": shape, "pause": pause, "rc": rc,
+                "evidence": evidence}
 
 
 def right_context(n_words: int, complete: bool) -> np.ndarray:

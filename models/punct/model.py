@@ -1,4 +1,7 @@
-"""The network: word + char n-gram + pause + right-context features, a BiGRU, a CRF.
+"""The network: word + char n-gram + pause + right-context + recogniser-evidence features,
+a BiGRU, a CRF. The recogniser's own marks are inputs, not answers: the encoder sees them with
+the words, pauses and how much context both the recogniser and the tagger had, and the CRF
+learns when to keep, drop or change them.
 
 Tags are punctuation x case (5 x 3 = 15 CRF states), decoded with Viterbi. The subtitle break
 preference is a separate sigmoid head on the same encoder: it is a soft score (0..1) that the
@@ -15,7 +18,16 @@ import torch
 from torch import nn
 from torchcrf import CRF
 
-from .features import MAX_NGRAMS, N_PAUSE_BUCKETS, N_RC_BUCKETS, N_SHAPE, NGRAM_BUCKETS
+from .features import (
+    MAX_NGRAMS,
+    N_PAUSE_BUCKETS,
+    N_RC_BUCKETS,
+    N_RCASE,
+    N_REDGE,
+    N_RMARK,
+    N_SHAPE,
+    NGRAM_BUCKETS,
+)
 from .text import CASES, PUNCTS
 
 N_TAGS = len(PUNCTS) * len(CASES)
@@ -36,6 +48,9 @@ class NetConfig:
     char_dim: int = 32
     pause_dim: int = 8
     rc_dim: int = 8
+    rmark_dim: int = 8
+    rcase_dim: int = 4
+    redge_dim: int = 4
     hidden: int = 96
     dropout: float = 0.2
 
@@ -51,7 +66,11 @@ class PunctNet(nn.Module):
         self.chars = nn.EmbeddingBag(NGRAM_BUCKETS, cfg.char_dim, mode="mean", padding_idx=0)
         self.pause = nn.Embedding(N_PAUSE_BUCKETS, cfg.pause_dim)
         self.rc = nn.Embedding(N_RC_BUCKETS, cfg.rc_dim)
-        d_in = cfg.word_dim + cfg.char_dim + cfg.pause_dim + cfg.rc_dim + N_SHAPE
+        self.rmark = nn.Embedding(N_RMARK, cfg.rmark_dim)
+        self.rcase = nn.Embedding(N_RCASE, cfg.rcase_dim)
+        self.redge = nn.Embedding(N_REDGE, cfg.redge_dim)
+        d_in = (cfg.word_dim + cfg.char_dim + cfg.pause_dim + cfg.rc_dim + N_SHAPE
+                + cfg.rmark_dim + cfg.rcase_dim + cfg.redge_dim)
         self.proj = nn.Linear(d_in, cfg.hidden)
         self.gru = nn.GRU(cfg.hidden, cfg.hidden, batch_first=True, bidirectional=True)
         self.drop = nn.Dropout(cfg.dropout)
@@ -60,14 +79,17 @@ class PunctNet(nn.Module):
         self.crf = CRF(N_TAGS, batch_first=True)
 
     def forward(self, x: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-        """x: word [B,T], ngram [B,T,K], shape [B,T,S], pause [B,T], rc [B,T].
+        """x: word [B,T], ngram [B,T,K], shape [B,T,S], pause [B,T], rc [B,T], evidence
+        [B,T,3] (recogniser mark, case, edge ids).
 
         Returns emissions [B,T,N_TAGS] and break logits [B,T].
         """
         b, t = x["word"].shape
         chars = self.chars(x["ngram"].reshape(b * t, MAX_NGRAMS)).reshape(b, t, -1)
+        ev = x["evidence"]
         h = torch.cat(
-            [self.word(x["word"]), chars, self.pause(x["pause"]), self.rc(x["rc"]), x["shape"]],
+            [self.word(x["word"]), chars, self.pause(x["pause"]), self.rc(x["rc"]), x["shape"],
+             self.rmark(ev[..., 0]), self.rcase(ev[..., 1]), self.redge(ev[..., 2])],
             dim=-1,
         )
         h = torch.relu(self.proj(self.drop(h)))

@@ -1,4 +1,5 @@
-"""Inference: ``PunctTagger.load()`` and ``tag(words, pauses_ms, right_context_complete)``.
+"""Inference: ``PunctTagger.load()`` and ``tag(words, pauses_ms, right_context_complete)``,
+optionally with the recogniser's own marks as evidence (``recogniser=``).
 
 Long inputs are cut into bounded windows that overlap; each word takes its tag from the window
 where it has at least ``_OVERLAP`` words of context on both sides, so cost is linear in the
@@ -18,9 +19,9 @@ import torch
 
 from subd.errors import ModelError
 
-from .features import Featuriser, Vocabulary, right_context, stack
+from .features import Featuriser, Vocabulary, evidence_ids, right_context, stack
 from .model import N_TAGS, NetConfig, PunctNet, tag_index, tag_parts, viterbi
-from .text import SENTENCE_END, normalise_word
+from .text import SENTENCE_END, RecogniserMark, normalise_word
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 WEIGHTS_NAME = "weights.pt"
@@ -95,6 +96,7 @@ class PunctTagger:
         right_context_complete: bool = True,
         fixed: Sequence[tuple[str, str] | None] | None = None,
         stream_start: bool = True,
+        recogniser: Sequence[RecogniserMark | None] | None = None,
     ) -> list[WordTag]:
         """Tag ``words``; ``pauses_ms[i]`` is the silence after word i (None = unknown).
 
@@ -102,6 +104,8 @@ class PunctTagger:
         words near the end have little right context and the model knows it. ``fixed[i]``
         = (punct, case) pins word i (already committed) so the words after it stay consistent.
         ``stream_start``: word 0 begins the stream (so it begins a sentence).
+        ``recogniser[i]``: what the recogniser wrote for word i (``recogniser_mark``), weighed
+        as evidence; None (or a None entry) = unknown, e.g. plain text.
         """
         norm = [normalise_word(w) or "<mark>" for w in words]
         n = len(norm)
@@ -109,14 +113,18 @@ class PunctTagger:
             raise ValueError(f"tag: {n} words but {len(pauses_ms)} pauses")
         if fixed is not None and len(fixed) != n:
             raise ValueError(f"tag: {n} words but {len(fixed)} fixed entries")
+        if recogniser is not None and len(recogniser) != n:
+            raise ValueError(f"tag: {n} words but {len(recogniser)} recogniser marks")
         if n == 0:
             return []
         rc = right_context(n, right_context_complete)
+        evidence = evidence_ids(recogniser, n)
         spans = _windows(n)
         seqs = []
         for lo, hi, _, _ in spans:
             seqs.append(self.featuriser.encode(
-                norm[lo:hi], None if pauses_ms is None else pauses_ms[lo:hi], rc[lo:hi]))
+                norm[lo:hi], None if pauses_ms is None else pauses_ms[lo:hi], rc[lo:hi],
+                evidence[lo:hi]))
         arrays, mask = stack(seqs)
         with torch.inference_mode():
             x = {k: torch.from_numpy(v) for k, v in arrays.items()}

@@ -3,7 +3,8 @@
 The tagger sees words as a streaming recogniser gives them once subd has stripped their
 punctuation: lower-cased, no marks, numbers in digits, apostrophes and inner hyphens kept.
 Training text (punctuated, cased) is turned into that view plus one label per word: the mark
-after it and its capitalisation.
+after it and its capitalisation. What the recogniser itself wrote ("them." / "Mr." / "man,") is
+kept apart as evidence (:class:`RecogniserMark`) that the tagger weighs, not as the answer.
 """
 
 from __future__ import annotations
@@ -137,3 +138,25 @@ def number_to_digits(word: str) -> str | None:
         if tens in _TENS and unit in _UNITS and 0 < _UNITS[unit] < 10:
             return str(_TENS[tens] + _UNITS[unit])
     return None
+
+
+@dataclass(frozen=True, slots=True)
+class RecogniserMark:
+    """What the recogniser wrote for one word: its mark after it and its case.
+
+    ``n_after``: how many words the recogniser had decoded after this one when it wrote it
+    (0 = the word ended its decoded window / commit batch, where its marks are least reliable;
+    None = unknown).
+    """
+
+    punct: str
+    case: str
+    n_after: int | None = None
+
+
+def recogniser_mark(text: str, n_after: int | None = None) -> RecogniserMark:
+    """The recogniser's own mark and case in its spelling of a word ("Mr." has no mark)."""
+    labelled = label_text(text)
+    if not labelled:
+        return RecogniserMark("", "lower", n_after)
+    return RecogniserMark(labelled[-1].punct, labelled[0].case, n_after)

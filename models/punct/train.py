@@ -86,7 +86,7 @@ def _batch(
 ) -> tuple[dict[str, torch.Tensor], torch.Tensor, torch.Tensor, torch.Tensor]:
     seqs = []
     for s in samples:
-        enc = feat.encode(s.words, s.pauses_ms, s.n_right)
+        enc = feat.encode(s.words, s.pauses_ms, s.n_right, s.evidence)
         for i, w in enumerate(s.words):
             if rng.random() < word_dropout:  # teach the OOV buckets and the n-grams
                 enc["word"][i] = feat.oov_id(w)

