@@ -31,6 +31,7 @@ import pysrt
 from subd.errors import ConfigError
 from subd.layout import CueLayout, LayoutConfig
 from subd.sinks._config import check_range, from_mapping
+from subd.tasks import cancel_and_wait
 from subd.types import CaptionState, Cue
 
 log = logging.getLogger(__name__)
@@ -159,13 +160,7 @@ class CueFileSink:
 
     async def close(self) -> None:
         self._commit(self._layout.finish())
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                if asyncio.current_task().cancelling():  # type: ignore[union-attr]
-                    raise
+        await cancel_and_wait(self._task)
         if self._executor is not None:
             loop = asyncio.get_running_loop()
             for _ in range(3):  # last chance for cues still in memory

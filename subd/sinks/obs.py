@@ -27,6 +27,7 @@ import aiohttp
 
 from subd.layout import CueLayout, LayoutConfig, RollUp
 from subd.sinks._config import check_choice, check_range, from_mapping
+from subd.tasks import cancel_and_wait
 from subd.types import CaptionState
 
 log = logging.getLogger(__name__)
@@ -117,13 +118,7 @@ class OBSSink:
                 self._pending = "\n".join(cues[-1].lines)
                 self._wake.set()
                 await asyncio.sleep(0)
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                if asyncio.current_task().cancelling():  # type: ignore[union-attr]
-                    raise
+        await cancel_and_wait(self._task)
 
     async def _run(self) -> None:
         timeout = aiohttp.ClientWSTimeout(ws_close=self.config.connect_timeout_ms / 1000)
