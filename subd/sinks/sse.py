@@ -35,6 +35,7 @@ from aiohttp.http import HttpVersion11
 
 from subd.layout import CueLayout, LayoutConfig, token_of
 from subd.sinks._config import check_range, from_mapping
+from subd.tasks import cancel_and_wait
 from subd.types import CaptionState, Cue
 
 log = logging.getLogger(__name__)
@@ -158,13 +159,7 @@ class SSESink:
             log.info("SSE on http://%s:%d/events", self.config.host, self.port)
 
     async def close(self) -> None:
-        if self._heartbeat is not None:
-            self._heartbeat.cancel()
-            try:
-                await self._heartbeat
-            except asyncio.CancelledError:
-                if asyncio.current_task().cancelling():  # type: ignore[union-attr]
-                    raise
+        await cancel_and_wait(self._heartbeat)
         for client in list(self._clients):
             client.finish()
         if self._runner is not None:
