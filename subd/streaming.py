@@ -25,9 +25,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from subd.errors import ConfigError
 from subd.models.engine import WINDOW_SAMPLES, WhisperEngine
 from subd.ring import AudioHistory
+from subd.sinks._config import check_choice, check_range
 from subd.types import SAMPLE_RATE_HZ, AudioChunk, Hypothesis, Word, ns_to_samples, samples_to_ns
 from subd.vad import VoiceActivityDetector
 
@@ -50,18 +50,15 @@ class StreamingConfig:
     force_committed_prefix: bool = True  # decode only the unconfirmed tail (see _decode)
 
     def __post_init__(self) -> None:
-        checks = {
-            "min_update_ms": (self.min_update_ms, 20, 5000),
-            "max_tentative_ms": (self.max_tentative_ms, 200, 20000),
-            "pause_commit_ms": (self.pause_commit_ms, 100, 10000),
-            "trim_after_ms": (self.trim_after_ms, 500, 20000),
-            "max_window_ms": (self.max_window_ms, 4000, 28000),
-        }
-        for key, (value, lo, hi) in checks.items():
-            if not lo <= value <= hi:
-                raise ConfigError(f"[recognizer] {key} = {value}: must be in {lo}..{hi}")
-        if self.precision not in ("int8", "fp32"):
-            raise ConfigError(f"[recognizer] precision = {self.precision!r}: must be int8 or fp32")
+        for key, lo, hi in (
+            ("min_update_ms", 20, 5000),
+            ("max_tentative_ms", 200, 20000),
+            ("pause_commit_ms", 100, 10000),
+            ("trim_after_ms", 500, 20000),
+            ("max_window_ms", 4000, 28000),
+        ):
+            check_range("recognizer", key, getattr(self, key), lo, hi)
+        check_choice("recognizer", "precision", self.precision, ("int8", "fp32"))
 
 
 def _norm(text: str) -> str:
