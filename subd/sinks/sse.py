@@ -16,88 +16,51 @@ Fan-out never waits for a client: each event is encoded once, then written to ev
 without awaiting. A client whose unsent bytes exceed ``client_buffer_bytes`` is skipped (its
 events dropped, a ``full`` resync sent when it catches up); one stalled for ``drop_after_ms`` is
 disconnected. So a client that does not read costs bounded memory and never delays others.
+
+With ``fanout_workers`` > 0, processes (:mod:`subd.sinks.sse_worker`) share the writing, in
+parallel with this one: a new client goes to whichever has the fewest, same policy everywhere.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
-import socket
+import os
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
 from aiohttp.http import HttpVersion11
 
-from subd.layout import CueLayout, LayoutConfig, token_of
-from subd.sinks._config import check_range, from_mapping
+from subd.layout import CueLayout, token_of
+from subd.sinks.sse_link import WorkerLink
+from subd.sinks.sse_wire import (
+    HEARTBEAT,
+    NS_PER_MS,
+    SSEConfig,
+    chunk,
+    cors_headers,
+    cue_json,
+    encode_event,
+    options_response,
+    set_sndbuf,
+)
 from subd.tasks import cancel_and_wait
-from subd.types import CaptionState, Cue
+from subd.types import CaptionState
 
 log = logging.getLogger(__name__)
-NS_PER_MS = 1_000_000
-HEARTBEAT = b": hb\n\n"
-
-
-@dataclass(frozen=True, slots=True)
-class SSEConfig:
-    host: str = ""  # "" = no own server: the daemon mounts /events (subd.http.add_routes)
-    port: int = 8080  # 0 = any free port (tests)
-    retry_ms: int = 1000
-    heartbeat_ms: int = 15000
-    history_ticks: int = 300  # replay window for Last-Event-ID (10 s at 30 fps)
-    resync_words: int = 200  # committed words carried by a full-state resync
-    client_buffer_bytes: int = 16384  # unsent bytes per client before it is skipped forward
-    drop_after_ms: int = 5000  # a client skipped for this long is disconnected
-    max_clients: int = 4096
-    socket_sndbuf_bytes: int = 32768  # kernel send buffer per client (0: system default); a
-    # small one makes a non-reading client cheap to skip soon and bounds kernel memory
-    cors_origins: tuple[str, ...] = ()  # allowed Origin values; "*" allows any
-    latency_ms: int = 0  # the daemon's D: lets the overlay map audio time to capture time
-    layout: LayoutConfig = field(default_factory=LayoutConfig)
-    section: str = "sinks.sse"
-
-    def __post_init__(self) -> None:
-        s = self.section
-        check_range(s, "port", self.port, 0, 65535)
-        check_range(s, "retry_ms", self.retry_ms, 100, 600_000)
-        check_range(s, "heartbeat_ms", self.heartbeat_ms, 100, 600_000)
-        check_range(s, "history_ticks", self.history_ticks, 1, 1_000_000)
-        check_range(s, "resync_words", self.resync_words, 1, 100_000)
-        check_range(s, "client_buffer_bytes", self.client_buffer_bytes, 1024, 64 << 20)
-        check_range(s, "drop_after_ms", self.drop_after_ms, 100, 3_600_000)
-        check_range(s, "max_clients", self.max_clients, 1, 1_000_000)
-        check_range(s, "socket_sndbuf_bytes", self.socket_sndbuf_bytes, 0, 64 << 20)
-        check_range(s, "latency_ms", self.latency_ms, 0, 600_000)
-
-    @classmethod
-    def from_mapping(cls, data: Mapping[str, Any], section: str = "sinks.sse") -> SSEConfig:
-        return from_mapping(cls, section, data, section=section)
-
-
-def encode_event(k: int, payload: Mapping[str, Any]) -> bytes:
-    data = json.dumps(payload, separators=(",", ":"), ensure_ascii=False)
-    return b"id: %d\ndata: %s\n\n" % (k, data.encode())
-
-
-def chunk(data: bytes) -> bytes:
-    """HTTP/1.1 chunked framing (the response is chunked: it has no length)."""
-    return b"%x\r\n%s\r\n" % (len(data), data)
-
-
-def cue_json(cue: Cue) -> list[Any]:
-    return [cue.index, cue.start_ns, cue.end_ns, list(cue.lines)]
-
-
+RETIRE_PER_TURN = 16
 class _Client:
-    __slots__ = ("transport", "chunked", "done", "stalled_ns", "resync", "last_write_ns")
+    __slots__ = ("id", "transport", "chunked", "done", "stalled_ns", "resync", "last_write_ns",
+                 "link")
 
-    def __init__(self, transport: asyncio.Transport, chunked: bool, now_ns: int) -> None:
+    def __init__(self, client_id: int, transport: asyncio.Transport, chunked: bool,
+                 now_ns: int) -> None:
+        self.id = client_id
         self.transport = transport
+        self.link: WorkerLink | None = None  # the worker writing to it, None: this process
         self.chunked = chunked
         self.done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.stalled_ns: int | None = None
@@ -124,11 +87,16 @@ class SSESink:
         self._n_words = 0
         self._last: CaptionState | None = None
         self._full: bytes | None = None  # cached full event for the current tick
-        self._clients: dict[_Client, None] = {}  # insertion-ordered set
+        self._clients: dict[_Client, None] = {}  # insertion-ordered set, written here
+        self._remote: dict[int, _Client] = {}  # client id -> client, written by a worker
+        self._links: list[WorkerLink] = []
+        self._failed: list[WorkerLink] = []  # reaped on close
+        self._retiring: deque[tuple[_Client, bool]] = deque()  # (client, dropped), see _retire
+        self._next_id = 0
         self._heartbeat: asyncio.Task[None] | None = None
         self._runner: web.AppRunner | None = None
         self.port: int | None = None
-        self.n_skipped = 0  # events not sent to a slow client
+        self._n_skipped = 0
         self.n_dropped = 0  # clients disconnected for not reading
 
     @classmethod
@@ -137,15 +105,38 @@ class SSESink:
 
     @property
     def n_clients(self) -> int:
-        return len(self._clients)
+        return len(self._clients) + len(self._remote)
+
+    @property
+    def n_worker_clients(self) -> int:
+        """Clients written to by fan-out worker processes (the rest by this one)."""
+        return len(self._remote)
+
+    @property
+    def worker_pids(self) -> list[int]:
+        return [link.proc.pid for link in self._links]
+
+    @property
+    def n_skipped(self) -> int:
+        """Events not sent to a slow client (workers' counts as last reported)."""
+        return self._n_skipped + sum(link.n_skipped for link in self._links)
 
     def buffered_bytes(self) -> int:
         """Bytes queued in user space for all clients (bounded by the fan-out policy)."""
-        return sum(c.transport.get_write_buffer_size() for c in self._clients)
+        local = sum(c.transport.get_write_buffer_size() for c in self._clients)
+        return local + sum(link.buffered_bytes for link in self._links)
 
     # -- lifecycle ---------------------------------------------------------------------
 
     async def start(self) -> None:
+        cfg = self.config
+        self._links = [
+            WorkerLink(client_buffer_bytes=cfg.client_buffer_bytes,
+                       drop_after_ms=cfg.drop_after_ms, heartbeat_ms=cfg.heartbeat_ms,
+                       on_gone=self._gone, on_fail=self._link_failed)
+            for _ in range(cfg.fanout_workers)]
+        for link in list(self._links):
+            await link.wait_ready()  # a failed one is logged and left out: this one serves
         self._heartbeat = asyncio.create_task(self._heartbeats(), name="sse-heartbeat")
         if self.config.host:
             from subd.http import make_app
@@ -160,7 +151,10 @@ class SSESink:
 
     async def close(self) -> None:
         await cancel_and_wait(self._heartbeat)
-        for client in list(self._clients):
+        for link in [*self._links, *self._failed]:  # workers first: no write after the last chunk
+            await link.close()
+        self._links, self._failed = [], []
+        for client in [*self._clients, *self._remote.values(), *(c for c, _ in self._retiring)]:
             client.finish()
         if self._runner is not None:
             await self._runner.cleanup()
@@ -192,6 +186,8 @@ class SSESink:
         self._full = None
         framed = chunk(event)
         now = self._clock()
+        for link in self._links:  # the workers write while this process does its share
+            link.tick(now, framed)
         limit = self.config.client_buffer_bytes
         lagging = []
         # Clients that keep up are served first, in one tight loop; the rest (stalled, due a
@@ -211,22 +207,25 @@ class SSESink:
                 lagging.append(client)
         for client in lagging:
             self._offer(client, event, framed, now)
+        if any(link.n_ready for link in self._links):
+            full = chunk(self.full_event())
+            for link in self._links:
+                if link.n_ready:
+                    link.full(full)
 
     def _offer(self, client: _Client, event: bytes, framed: bytes, now: int) -> None:
         transport = client.transport
         if transport.is_closing():
-            self._remove(client)
+            self._retire(client, dropped=False)
             return
         if transport.get_write_buffer_size() > self.config.client_buffer_bytes:
-            self.n_skipped += 1
+            self._n_skipped += 1
             if client.stalled_ns is None:
                 client.stalled_ns = now
                 client.resync = True
             elif now - client.stalled_ns > self.config.drop_after_ms * NS_PER_MS:
                 self.n_dropped += 1
-                log.info("SSE client dropped: not reading for %d ms", self.config.drop_after_ms)
-                transport.abort()  # unsent bytes are discarded: memory is freed now
-                self._remove(client)
+                self._retire(client, dropped=True)  # reset: its unsent bytes are discarded
             return
         client.stalled_ns = None
         if client.resync:
@@ -236,9 +235,74 @@ class SSESink:
         transport.write(framed if client.chunked else event)
         client.last_write_ns = now
 
-    def _remove(self, client: _Client) -> None:
+    def _retire(self, client: _Client, *, dropped: bool) -> None:
+        """Disconnect soon, RETIRE_PER_TURN a loop turn: closing costs ~20 us a client, and
+        hundreds dropped at one tick must not hold the loop (and the publisher) for ms."""
+        self._forget(client)
+        self._retiring.append((client, dropped))
+        if len(self._retiring) == 1:
+            asyncio.get_running_loop().call_soon(self._retire_some)
+
+    def _retire_some(self) -> None:
+        n_dropped = 0
+        for _ in range(min(RETIRE_PER_TURN, len(self._retiring))):
+            client, dropped = self._retiring.popleft()
+            if dropped or not client.transport.is_closing():
+                client.transport.abort()
+            n_dropped += dropped
+            client.finish()
+        if n_dropped:
+            log.info("SSE: %d clients dropped: not reading for %d ms", n_dropped,
+                     self.config.drop_after_ms)
+        if self._retiring:
+            asyncio.get_running_loop().call_soon(self._retire_some)
+
+    def _forget(self, client: _Client) -> None:
         self._clients.pop(client, None)
-        client.finish()
+        if self._remote.pop(client.id, None) is not None and client.link is not None:
+            client.link.n_clients -= 1
+            client.link.remove(client.id)
+            client.link = None
+
+    def _hand_off(self, client: _Client) -> None:
+        """Give an up-to-date client to the least-loaded worker, unless this process is.
+
+        Synchronous: everything published so far is already in the kernel, and every later
+        tick goes to the worker after the hand-over message, so nothing is lost or reordered.
+        """
+        links = [link for link in self._links if link.alive]
+        transport = client.transport
+        if (not links or client not in self._clients or not client.chunked or client.resync
+                or client.stalled_ns is not None or transport.get_write_buffer_size()
+                or transport.is_closing()):
+            return
+        link = min(links, key=lambda lk: lk.n_clients)
+        sock = transport.get_extra_info("socket")
+        if sock is None or link.n_clients >= len(self._clients) - 1:
+            return  # this process takes its share: it is awake at T(k), a worker must wake
+        del self._clients[client]
+        self._remote[client.id] = client
+        client.link = link
+        link.n_clients += 1
+        link.add(client.id, os.dup(sock.fileno()), client.last_write_ns)
+
+    def _gone(self, client_id: int, dropped: bool) -> None:
+        """A worker closed a client: reset by the peer, or dropped for not reading."""
+        client = self._remote.pop(client_id, None)
+        if client is None:
+            return
+        if client.link is not None:
+            client.link.n_clients -= 1
+            client.link = None
+        self.n_dropped += dropped
+        self._retire(client, dropped=dropped)
+
+    def _link_failed(self, link: WorkerLink) -> None:
+        self._links = [lk for lk in self._links if lk is not link]
+        self._failed.append(link)
+        for client in [c for c in self._remote.values() if c.link is link]:
+            client.link = None
+            self._gone(client.id, dropped=False)
 
     def full_event(self) -> bytes:
         """The full-state resync event for the latest tick (cached per tick)."""
@@ -277,40 +341,29 @@ class SSESink:
         while True:
             await asyncio.sleep(min(period_s, self.config.drop_after_ms / 1000) / 2)
             now = self._clock()
+            for client in list(self._remote.values()):
+                if client.transport.is_closing():
+                    self._retire(client, dropped=False)
+            for link in self._links:
+                link.heartbeat(now)
             for client in list(self._clients):
                 if client.transport.is_closing():
-                    self._remove(client)
+                    self._retire(client, dropped=False)
                 elif now - client.last_write_ns >= self.config.heartbeat_ms * NS_PER_MS:
                     framed = chunk(HEARTBEAT) if client.chunked else HEARTBEAT
                     self._offer(client, HEARTBEAT, framed, now)
 
     # -- HTTP ----------------------------------------------------------------------------
 
-    def _cors(self, request: web.Request) -> dict[str, str] | None:
-        """CORS headers for an allowed (or absent/same-host) Origin; None if refused."""
-        origin = request.headers.get("Origin")
-        if origin is None:
-            return {}
-        allowed = self.config.cors_origins
-        same_host = origin.split("://", 1)[-1] == request.host
-        if "*" in allowed or origin in allowed or same_host:
-            return {"Access-Control-Allow-Origin": origin, "Vary": "Origin"}
-        return None
-
     async def handle_options(self, request: web.Request) -> web.Response:
-        cors = self._cors(request)
-        if cors is None:
-            return web.Response(status=403, text="origin not allowed\n")
-        cors["Access-Control-Allow-Methods"] = "GET, OPTIONS"
-        cors["Access-Control-Allow-Headers"] = "Last-Event-ID, Cache-Control"
-        return web.Response(status=204, headers=cors)
+        return options_response(self.config.cors_origins, request)
 
     async def handle_events(self, request: web.Request) -> web.StreamResponse:
-        cors = self._cors(request)
+        cors = cors_headers(self.config.cors_origins, request)
         if cors is None:
             origin = request.headers.get("Origin", "")
             return web.Response(status=403, text=f"origin {origin!r} not allowed\n")
-        if len(self._clients) >= self.config.max_clients:
+        if self.n_clients >= self.config.max_clients:
             return web.Response(status=503, text="too many event clients\n")
         headers = {
             "Content-Type": "text/event-stream; charset=utf-8",
@@ -331,17 +384,15 @@ class SSESink:
         raw_id = request.headers.get("Last-Event-ID") or request.query.get("lastEventId")
         last_id = int(raw_id) if raw_id and raw_id.strip().isdigit() else None
         # From here to the first write nothing awaits, so no tick can slip in between.
-        if self.config.socket_sndbuf_bytes:
-            sock = transport.get_extra_info("socket")
-            if sock is not None:
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF,
-                                self.config.socket_sndbuf_bytes)
-        client = _Client(transport, chunked, self._clock())  # type: ignore[arg-type]
+        set_sndbuf(transport, self.config.socket_sndbuf_bytes)
+        self._next_id += 1
+        client = _Client(self._next_id, transport, chunked, self._clock())  # type: ignore[arg-type]
         self._clients[client] = None
         try:
             await resp.write(b"retry: %d\n\n" % self.config.retry_ms + self.catch_up(last_id))
+            self._hand_off(client)
             await client.done
         finally:
-            self._clients.pop(client, None)
+            self._forget(client)
         return resp
 
