@@ -172,7 +172,6 @@ class BatchedEngine:
             rules = self._rules_for(options)
             self.buf.done[: shape.n_rows] = True
             for _ in range(2):
-                self.buf.step.zero_()
                 self._replay(rules, shape, sample)
         self._join("decode")
         if self.cuda:
@@ -222,8 +221,7 @@ class BatchedEngine:
             buf.done[:rows] = torch.arange(rows, device=dev) >= n
             buf.looped[:rows] = False
             buf.out_lp[:rows].zero_()
-            buf.step.zero_()
-            buf.temperature.fill_(max(options.temperature, 1e-6))
+            buf.temperature[:rows] = options.temperature
             no_speech = prefill(self.model.decoder, buf, host_prompts.to(dev), plen.to(dev),
                                 sot.to(dev), shape, self.special.no_speech)
             rules.select(buf, rows, sample)

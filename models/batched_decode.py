@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from subd.kernels import select_gpu
 from subd.models.decoding import DecodeOptions
 from subd.models.tokenizer import TIME_PRECISION_S, SpecialTokens
 from subd.models.whisper import TextDecoder
@@ -58,8 +59,7 @@ class DecodeBuffers:
         self.runs = torch.zeros(max_rows, MAX_GRAM, dtype=torch.long, **z)
         self.out_tok = torch.zeros(max_rows, max_new, dtype=torch.long, **z)
         self.out_lp = torch.zeros(max_rows, max_new, dtype=torch.float32, **z)
-        self.step = torch.zeros((), dtype=torch.long, **z)
-        self.temperature = torch.zeros((), dtype=torch.float32, **z)
+        self.temperature = torch.zeros(max_rows, dtype=torch.float32, **z)  # 0: greedy row
         self.logits = torch.zeros(max_rows, d.n_vocab, dtype=torch.float32, **z)
         self.all_done = torch.zeros((), dtype=torch.bool, **z)
         self.max_rows, self.max_audio, self.max_new_cap = max_rows, max_audio, max_new
@@ -79,8 +79,9 @@ class BatchRules:
                   special.translate, special.no_speech):
             mask[t] = True
         self.suppress = mask.to(device)
+        self.suppress_u8 = self.suppress.byte()
         self.col = torch.arange(n_vocab, device=device)
-        max_init = int(round(options.max_initial_timestamp_s / TIME_PRECISION_S))
+        max_init = self.max_init = int(round(options.max_initial_timestamp_s / TIME_PRECISION_S))
         ts = special.timestamp_begin
         first = self.col < ts  # a window starts with a timestamp ...
         first |= self.col > ts + max_init  # ... no later than max_initial_timestamp_s
@@ -90,12 +91,12 @@ class BatchRules:
                 for g in range(1, MAX_GRAM + 1)]
         self.need_run = torch.tensor(need, device=device)
 
-    def select(self, buf: DecodeBuffers, n: int, sample: bool) -> None:
-        """Filter buf.logits[:n], choose a token per row, record it and update row state."""
+    def _choose(self, buf: DecodeBuffers, n: int, sample: bool, n_gen: torch.Tensor,
+                last: torch.Tensor, prev: torch.Tensor, stamp: torch.Tensor
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The reference path (and the sampled one): masks, then reductions, in torch."""
         sp, ts, col = self.sp, self.sp.timestamp_begin, self.col
         logits = buf.logits[:n]
-        n_gen, last, prev, stamp = buf.n_gen[:n], buf.last_tok[:n], buf.prev_tok[:n], \
-            buf.last_stamp[:n]
         first = (n_gen == 0)[:, None]
         last_ts = (n_gen > 0) & (last >= ts)
         penult = (n_gen < 2) | (prev >= ts)
@@ -111,21 +112,60 @@ class BatchRules:
         force_ts = ~first[:, 0] & (torch.logsumexp(logits[:, ts:], dim=-1)
                                    > logits[:, :ts].max(dim=-1).values)
         logits.masked_fill_(force_ts[:, None] & (col < ts), NEG_INF)
+        token = logits.argmax(dim=-1)
         if sample:
+            temp = buf.temperature[:n]
             u = torch.rand_like(logits).clamp_(1e-20, 1.0).log_().neg_().log_()
-            token = (logits / buf.temperature - u).argmax(dim=-1)
-        else:
-            token = logits.argmax(dim=-1)
+            sampled = (logits / temp.clamp_min(1e-6)[:, None] - u).argmax(dim=-1)
+            token = torch.where(temp > 0, sampled, token)
         token_lp = logits.gather(1, token[:, None])[:, 0] - torch.logsumexp(logits, dim=-1)
+        return token, token_lp
+
+    def _greedy_fused(self, logits: torch.Tensor, n_gen: torch.Tensor, last: torch.Tensor,
+                      prev: torch.Tensor, stamp: torch.Tensor
+                      ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The same greedy choice in one pass over the logits (kernels/select_gpu.py)."""
+        ts, n_vocab = self.sp.timestamp_begin, self.col.shape[0]
+        first = n_gen == 0
+        last_ts = ~first & (last >= ts)
+        penult = (n_gen < 2) | (prev >= ts)
+        opening, closed = last_ts & ~penult, last_ts & penult
+        floor = torch.where(opening, stamp, stamp + 1)
+        lo = torch.where(closed, n_vocab, torch.where(stamp >= 0, floor, ts))
+        lo = torch.where(first, ts, lo)
+        hi = torch.where(first, ts + self.max_init, n_vocab - 1)
+        return select_gpu.greedy_select(logits, self.suppress_u8, (~first & ~opening).byte(),
+                                        lo, hi, first.byte(), self.sp.eot, ts)
+
+    def select(self, buf: DecodeBuffers, n: int, sample: bool,
+               only: torch.Tensor | None = None) -> None:
+        """Filter buf.logits[:n], choose a token per row, record it and update row state.
+
+        Row b writes its token at column n_gen[b] (rows join and leave the batch at different
+        times). ``sample``: rows with temperature > 0 sample, the others stay greedy (without
+        it every row is greedy). ``only`` [≥ n] bool limits the update to those rows (rows
+        just admitted, whose first token comes from their prefill's logits).
+        """
+        sp, ts = self.sp, self.sp.timestamp_begin
+        n_gen, last, prev, stamp = buf.n_gen[:n], buf.last_tok[:n], buf.prev_tok[:n], \
+            buf.last_stamp[:n]
+        if not sample and select_gpu.available(buf.logits):
+            token, token_lp = self._greedy_fused(buf.logits[:n], n_gen, last, prev, stamp)
+        else:
+            token, token_lp = self._choose(buf, n, sample, n_gen, last, prev, stamp)
         active = ~buf.done[:n]
-        step = buf.step
-        buf.out_tok[:n].index_copy_(1, step[None], torch.where(active, token, sp.eot)[:, None])
-        buf.out_lp[:n].index_copy_(1, step[None], torch.where(active, token_lp, 0.0)[:, None])
+        if only is not None:
+            active &= only[:n]
+        at = n_gen[:, None]  # [n, 1] column of this token
+        buf.out_tok[:n].scatter_(1, at, torch.where(active, token, buf.out_tok[:n].gather(
+            1, at)[:, 0])[:, None])
+        buf.out_lp[:n].scatter_(1, at, torch.where(active, token_lp, buf.out_lp[:n].gather(
+            1, at)[:, 0])[:, None])
         appended = active & (token != sp.eot)
         # tail_loop, exactly: run[g] = length of the run of token[i] == token[i-g] ending here
-        back = (step - self.grams).clamp(min=0)  # [G]
-        earlier = buf.out_tok[:n].index_select(1, back)  # [n, G]
-        same = (earlier == token[:, None]) & (step - self.grams >= 0)[None, :]
+        back = n_gen[:, None] - self.grams[None, :]  # [n, G]
+        earlier = buf.out_tok[:n].gather(1, back.clamp(min=0))  # [n, G]
+        same = (earlier == token[:, None]) & (back >= 0)
         runs = torch.where(same, buf.runs[:n] + 1, torch.zeros_like(buf.runs[:n]))
         buf.runs[:n] = torch.where(appended[:, None], runs, buf.runs[:n])
         looped = appended & (buf.runs[:n] >= self.need_run).any(dim=1)
@@ -135,8 +175,7 @@ class BatchRules:
         buf.n_gen[:n] += appended.long()
         buf.looped[:n] |= looped
         buf.done[:n] |= active & ((token == sp.eot) | looped | (buf.n_gen[:n] >= buf.max_new[:n]))
-        buf.tokens_in[:n] = token
-        buf.step += 1
+        buf.tokens_in[:n] = torch.where(active, token, buf.tokens_in[:n])
         buf.all_done.copy_(buf.done[:n].all())
 
 
@@ -157,10 +196,18 @@ def _mlp_and_cross(block, x: torch.Tensor, ck: torch.Tensor, cv: torch.Tensor) -
 
 
 def prefill(decoder: TextDecoder, buf: DecodeBuffers, prompts: torch.Tensor, plen: torch.Tensor,
-            sot_index: torch.Tensor, shape: StepShape, no_speech: int) -> torch.Tensor:
-    """Run right-padded prompts [n, P] (row b valid up to plen[b]); fill buf.logits[:n] with the
-    logits after each row's last prompt token; return each row's no-speech probability [n]."""
+            sot_index: torch.Tensor, shape: StepShape, no_speech: int,
+            slots: torch.Tensor | None = None, audio: torch.Tensor | None = None) -> torch.Tensor:
+    """Run right-padded prompts [n, P] (row b valid up to plen[b]); fill the rows' logits with
+    the logits after each row's last prompt token; return each row's no-speech probability [n].
+
+    The rows are buf rows [:n], or ``slots`` [n] (rows joining a running batch). With ``audio``
+    [n, T, D] the rows' cross-attention keys/values are computed here and stored (one pass
+    instead of ``cross_fill`` then a read back); without it they are read from the buffers.
+    """
     n, p = prompts.shape
+    t = shape.n_audio
+    rows = slice(0, n) if slots is None else slots
     dtype = buf.self_k.dtype
     x = (decoder.token_embedding(prompts) + decoder.positional_embedding[:p]).to(dtype)
     causal = decoder.causal_mask[:p, :p].to(dtype)
@@ -168,16 +215,22 @@ def prefill(decoder: TextDecoder, buf: DecodeBuffers, prompts: torch.Tensor, ple
         sa = block.attn
         h = block.attn_ln(x)
         k, v = sa.split(sa.key(h)), sa.split(sa.value(h))
-        buf.self_k[i, :n, :, :p] = k
-        buf.self_v[i, :n, :, :p] = v
+        buf.self_k[i][rows, :, :p] = k
+        buf.self_v[i][rows, :, :p] = v
         q = sa.split(sa.query(h))
         x = x + sa.out(sa.merge(F.scaled_dot_product_attention(q, k, v, attn_mask=causal)))
-        x = _mlp_and_cross(block, x, buf.cross_k[i, :n, :, : shape.n_audio],
-                           buf.cross_v[i, :n, :, : shape.n_audio])
-    rows = torch.arange(n, device=prompts.device)
-    picked = torch.stack([x[rows, plen - 1], x[rows, sot_index]], dim=1)  # [n, 2, D]
+        if audio is not None:
+            ca = block.cross_attn
+            ck, cv = ca.split(ca.key(audio)), ca.split(ca.value(audio))
+            buf.cross_k[i][rows, :, :t] = ck
+            buf.cross_v[i][rows, :, :t] = cv
+        else:
+            ck, cv = buf.cross_k[i][rows, :, :t], buf.cross_v[i][rows, :, :t]
+        x = _mlp_and_cross(block, x, ck, cv)
+    idx = torch.arange(n, device=prompts.device)
+    picked = torch.stack([x[idx, plen - 1], x[idx, sot_index]], dim=1)  # [n, 2, D]
     logits = decoder.output(decoder.ln(picked)).float()
-    buf.logits[:n] = logits[:, 0]
+    buf.logits[rows] = logits[:, 0]
     return torch.softmax(logits[:, 1], dim=-1)[:, no_speech]
 
 
@@ -199,7 +252,7 @@ def step(decoder: TextDecoder, buf: DecodeBuffers, shape: StepShape) -> None:
         q = sa.split(sa.query(h))
         x = x + sa.out(sa.merge(F.scaled_dot_product_attention(q, sk, sv, attn_mask=visible)))
         x = _mlp_and_cross(block, x, buf.cross_k[i, :n, :, :t], buf.cross_v[i, :n, :, :t])
-    buf.logits[:n] = decoder.output(decoder.ln(x[:, 0])).float()
+    buf.logits[:n] = decoder.output(decoder.ln(x[:, 0]))  # widened to float32 by the copy
 
 
 def decode_step(decoder: TextDecoder, rules: BatchRules, buf: DecodeBuffers, shape: StepShape,

@@ -48,14 +48,17 @@ class CostModel:
         self.fixed_ns, self.per_row_ns = float(fixed_ns), float(per_row_ns)
         self.alpha = alpha
         self._points: dict[int, float] = {}  # rows -> cost in ns
+        self._arrays: tuple[np.ndarray, np.ndarray] | None = None
 
     def predict_ns(self, n_rows: int) -> int:
         if n_rows <= 0:
             return 0
         if not self._points:
             return int(self.fixed_ns + self.per_row_ns * n_rows)
-        rows = np.array(sorted(self._points), dtype=np.float64)
-        cost = np.array([self._points[int(r)] for r in rows])
+        if self._arrays is None:  # rebuilt only after the points change
+            rows = np.array(sorted(self._points), dtype=np.float64)
+            self._arrays = rows, np.array([self._points[int(r)] for r in rows])
+        rows, cost = self._arrays
         if len(rows) == 1:
             return int(cost[0] * max(1.0, n_rows / rows[0]))  # beyond: at least linear
         if n_rows > rows[-1]:  # extrapolate with the last segment's slope
@@ -66,9 +69,11 @@ class CostModel:
     def calibrate(self, n_rows: int, elapsed_ns: int) -> None:
         """A round measured on purpose (before streams are live)."""
         old = self._points.get(n_rows)
+        self._arrays = None
         self._points[n_rows] = float(elapsed_ns) if old is None else (old + elapsed_ns) / 2
 
     def observe(self, n_rows: int, elapsed_ns: int) -> None:
+        self._arrays = None
         if not self._points:
             self._points[n_rows] = float(elapsed_ns)
             return
@@ -79,6 +84,7 @@ class CostModel:
         # scale the measurement to the nearest point's size before blending it in
         scaled = elapsed_ns * self.predict_ns(near) / max(self.predict_ns(n_rows), 1)
         self._points[near] += self.alpha * (scaled - self._points[near])
+        self._arrays = None
 
 
 class GpuScheduler:
@@ -114,29 +120,39 @@ class GpuScheduler:
     def _predict(self, n_rows: int) -> int:
         return int(self.cost.predict_ns(n_rows) * self.safety)
 
-    def plan(self, now_ns: int) -> Plan:
+    def plan(self, now_ns: int, limit: int | None = None) -> Plan:
+        """The next batch (at most ``limit`` rows, e.g. the free decode slots) and the updates
+        degraded because they cannot make their deadline even alone."""
+        cap = self.max_rows if limit is None else min(limit, self.max_rows)
         order = sorted(self._pending.values(),
                        key=lambda u: (not u.first_caption, u.deadline_ns, u.stream_id))
         batch: list[Update] = []
         degraded: list[Update] = []
         tightest = None
+        memo: dict[int, int] = {}  # the cost model is asked once per size, not per update
+
+        def predict(rows: int) -> int:
+            if rows not in memo:
+                memo[rows] = self._predict(rows)
+            return memo[rows]
+
         for u in order:
-            if now_ns + self._predict(1) > u.deadline_ns:
+            if now_ns + predict(1) > u.deadline_ns:
                 degraded.append(u)  # hopeless even alone: publish the fallback, don't queue
                 continue
-            if len(batch) >= self.max_rows:
+            if len(batch) >= cap:
                 continue
             limit = u.deadline_ns if tightest is None else min(tightest, u.deadline_ns)
             if self.max_round_ns is not None and batch and \
-                    self._predict(len(batch) + 1) > self.max_round_ns:
+                    predict(len(batch) + 1) > self.max_round_ns:
                 continue
-            if now_ns + self._predict(len(batch) + 1) <= limit:
+            if now_ns + predict(len(batch) + 1) <= limit:
                 batch.append(u)
                 tightest = limit
         for u in batch + degraded:
             del self._pending[u.stream_id]
         self.n_degraded += len(degraded)
-        return Plan(tuple(batch), tuple(degraded), now_ns + self._predict(len(batch)))
+        return Plan(tuple(batch), tuple(degraded), now_ns + predict(len(batch)))
 
     def done(self, plan: Plan, elapsed_ns: int) -> None:
         if plan.batch:

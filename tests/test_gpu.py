@@ -58,3 +58,55 @@ def test_batched_gpu_engine_gives_cpu_transcripts(engine, clips, dtype):
                 assert normalise(gpu.text(result)) == normalise(
                     engine.tokenizer.decode(ref.text_tokens(ts)))
     assert gpu.n_graph_replays > 0
+
+
+def test_fused_greedy_choice_equals_the_torch_rules(engine):
+    from subd.models.batched_decode import BatchRules
+    from subd.models.decoding import DecodeOptions
+
+    sp, n_vocab = engine.tokenizer.special, engine.model.dims.n_vocab
+    ts = sp.timestamp_begin
+    rules = BatchRules(sp, DecodeOptions(), engine.loaded.suppress_tokens, n_vocab,
+                       torch.device("cuda"))
+    g = torch.Generator().manual_seed(0)
+    n = 512
+
+    def tokens(stamp_share: float) -> torch.Tensor:
+        text = torch.randint(0, 1000, (n,), generator=g)
+        stamp = torch.randint(ts, ts + 300, (n,), generator=g)
+        return torch.where(torch.rand(n, generator=g) < stamp_share, stamp, text).cuda()
+
+    logits = torch.randn(n, n_vocab, generator=g) * 3
+    logits[::3, ts:] += 4  # rows where timestamps win, are forced, or lose
+    logits[1::7, :ts] -= 10
+    n_gen = torch.randint(0, 4, (n,), generator=g).cuda()
+    last, prev, stamp = tokens(0.5), tokens(0.5), tokens(0.7)
+    stamp = torch.where(stamp >= ts, stamp, -1)
+    buf = type("Rows", (), {})()
+    buf.logits, buf.temperature = logits.cuda(), torch.zeros(n, device="cuda")
+    ref_tok, ref_lp = rules._choose(buf, n, False, n_gen, last, prev, stamp)
+    tok, lp = rules._greedy_fused(buf.logits, n_gen, last, prev, stamp)
+    assert torch.equal(tok, ref_tok)
+    assert float((lp - ref_lp).abs().max()) < 1e-4
+    assert int((tok >= ts).sum()) > n // 10 and int((tok < sp.eot).sum()) > n // 10
+
+
+def test_continuous_batching_with_graphs_gives_cpu_transcripts(engine, clips):
+    from subd.models.batched_continuous import ContinuousDecoder, Request
+
+    gpu = BatchedEngine(engine.loaded, device="cuda", dtype=torch.float32,
+                        config=EngineConfig(max_rows=8, chunk_steps=4))
+    ts = engine.tokenizer.special.timestamp_begin
+    for _ in range(2):  # the second pass replays captured CUDA graphs
+        dec = ContinuousDecoder(gpu)
+        got = {}
+        for i, clip in enumerate(clips):  # one row joins every second chunk
+            audio, lengths = gpu.upload([clip])
+            dec.admit(gpu.encode(gpu.features(audio, lengths, 3000)), [Request(i)])
+            for _ in range(2):
+                got.update({f.key: f.result for f in dec.iterate()})
+        got.update({f.key: f.result for f in dec.drain()})
+        for i, clip in enumerate(clips):
+            ref = engine.decode_with_fallback(engine.encode(engine.features(clip)), None)
+            assert got[i].text_tokens(ts) == ref.text_tokens(ts)
+    assert gpu.n_graph_replays > 0

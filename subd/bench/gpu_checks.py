@@ -46,19 +46,25 @@ def front_end_and_transcript_checks(loaded, engine: BatchedEngine, clips: list[n
     return lines
 
 
-def warm_engine(engine: BatchedEngine, n_frames: int) -> None:
-    """Capture every graph the bench can need, so no capture happens while streams are live."""
+def warm_engine(engine: BatchedEngine, n_frames: int, prompt_tokens: int = 0,
+                window_samples: int | None = None) -> None:
+    """Capture every graph the bench can need (each row bucket, each context bucket a row can
+    reach, greedy and sampled), so no capture happens while streams are live."""
     cfg = engine.config
     t = n_frames // 2
     sizes = sorted({min(bucket(n, cfg.row_buckets), cfg.max_rows)
                     for n in range(1, cfg.max_rows + 1)}) if engine.cuda else []
+    prompt = len(engine.sot_sequence) + (prompt_tokens + 1 if prompt_tokens else 0)
+    reach = bucket(prompt + cfg.max_new_tokens + 1, cfg.ctx_buckets)
     for rows in sizes:
-        for ctx in cfg.ctx_buckets[:1]:
+        for ctx in (c for c in cfg.ctx_buckets if c <= reach):
             engine.warm(StepShape(rows, t, ctx))
-            if rows <= 512:  # sampled fallback rows are few
-                engine.warm(StepShape(rows, t, ctx), sample=True)
-    # the encoder's kernels for the common chunk size
-    mel = torch.zeros(cfg.encoder_rows, engine.n_mels, n_frames, device=engine.device)
-    engine.encode(mel)
+            engine.warm(StepShape(rows, t, ctx), sample=True)
+    # the front end and encoder at every batch bucket (cuFFT and cuDNN plans are per shape)
+    samples = window_samples or n_frames * 160  # the width of the windows the server cuts
+    for rows in sizes or [1]:
+        audio = torch.zeros(rows, samples, device=engine.device)
+        lengths = torch.full((rows,), samples, dtype=torch.long, device=engine.device)
+        engine.encode(engine.features(audio, lengths, n_frames))
     if engine.cuda:
         torch.cuda.synchronize()

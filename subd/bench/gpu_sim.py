@@ -1,10 +1,12 @@
 """The live-stream simulation behind ``subd bench gpu``: N streams, Poisson arrivals, real time.
 
 Each stream plays the real clips, looped, from a random offset, in real time. Once a stream has
-``first_ms`` of audio it asks for its first update, then one every ``update_ms``. An update
+``first_ms`` of audio it asks for its first update, then one every ``first_retry_ms`` until one
+gives text (the first caption), then one every ``update_ms``. An update
 decodes the last ``window_s`` of the stream's audio (a bounded window, as the streaming
 recogniser keeps), with no prompt unless ``prompt_tokens`` is set.
-Every update goes through ``GpuScheduler``; a round runs one batch; a result later than its
+Every update goes through ``GpuScheduler``; here a round runs one batch (naive serving: one
+update; the batched server uses ``gpu_stream``'s continuous batching); a result later than its
 deadline is a *miss*; an update the scheduler degrades publishes the fallback (counted).
 """
 
@@ -30,10 +32,12 @@ class SimConfig:
     ramp_s: float = 3.0  # arrivals: a Poisson process of rate n_streams / ramp_s
     first_ms: int = 1000  # audio needed before the first update
     update_ms: int = 1000
+    first_retry_ms: int = 100  # while a stream has shown nothing, its next update comes this soon
     window_s: float = 8.0
     # the previous update's text lies *inside* the next overlapping window, so it is a bad
     # prompt (Whisper then skips or repeats it, and the fallback re-decodes): off by default
     prompt_tokens: int = 0
+    admit_every_ms: int = 0  # continuous batching: least time between admissions (0: none)
     first_budget_ms: int = 300  # time to first caption allowed after the first update is ready
     budget_ms: int = 1000  # an update's deadline after its audio is complete
     max_rows: int = 2048
@@ -54,6 +58,7 @@ class SimResult:
     busy_pct: float  # share of wall time inside GPU rounds
     mean_batch: float
     sample_texts: tuple[str, ...]
+    host_note: str = ""  # where the serving loop's wall time went (continuous batching only)
 
     @property
     def served(self) -> bool:
@@ -143,7 +148,7 @@ def _run(cfg: SimConfig, n_library: int, run_round: RoundFn, cost: CostModel | N
             sched.submit(Update(int(s), ready, ready + budget * NS_PER_MS, not shown[s],
                                 int(seq[s])))
             seq[s] += 1
-            next_ready[s] += cfg.update_ms * NS_PER_MS
+            next_ready[s] += (cfg.update_ms if shown[s] else cfg.first_retry_ms) * NS_PER_MS
         plan = sched.plan(now)
         if not plan.batch:
             time.sleep(0.001)
@@ -164,9 +169,10 @@ def _run(cfg: SimConfig, n_library: int, run_round: RoundFn, cost: CostModel | N
                 prompts[u.stream_id] = toks[-cfg.prompt_tokens :] or prompts[u.stream_id]
             if not shown[u.stream_id] and text:
                 shown[u.stream_id] = True
+                next_ready[u.stream_id] = u.ready_ns + cfg.update_ms * NS_PER_MS
                 first_ready = int(start_ns[u.stream_id]) + cfg.first_ms * NS_PER_MS
                 ttfc.append((t_end - first_ready) / NS_PER_MS)
-            elif u.seq > 0:
+            elif u.seq > 0 and shown[u.stream_id]:
                 upd.append((t_end - u.ready_ns) / NS_PER_MS)
             if text and len(samples) < 3 and u.seq >= 3:
                 samples.append(text)

@@ -1,0 +1,238 @@
+"""The batched side of ``subd bench gpu``: live streams served with continuous batching.
+
+Same workload as ``gpu_sim`` (N streams, Poisson arrivals, real clips looped, one update per
+``update_ms`` of audio, first updates retried every ``first_retry_ms`` until a caption shows),
+but the GPU work is not cut into rounds: every loop the scheduler admits the most urgent pending
+updates into free decode slots (audio upload, features and encoder for just those, then their
+prompt prefill), one chunk of decode steps runs for every slot, and the updates the previous
+chunk finished are published. A result's time is when the host has its text.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import numpy as np
+
+from subd.bench.gpu_sim import NS_PER_MS, SAMPLE_RATE_HZ, SimConfig, SimResult, UtilSampler, p95
+from subd.gpu_scheduler import CostModel, GpuScheduler, Plan, Update
+from subd.models.batched import bucket
+from subd.models.batched_continuous import ContinuousDecoder, Request
+
+
+def tokens_for(seconds: float) -> int:
+    """Token cap of an update over ``seconds`` of audio: speech rarely passes 6 tokens a second
+    (timestamps included), so a short first window that starts to loop stops long before the
+    96-token cap that an 8 s window needs."""
+    return int(16 + 10 * np.ceil(seconds))
+
+
+class StreamAudio:
+    """Per-stream audio rings on the device; each admission uploads only the audio that is new
+    since the stream's last one (through pinned memory)."""
+
+    def __init__(self, engine, library: np.ndarray, n_streams: int, window_s: float):
+        import torch
+
+        self.torch, self.engine = torch, engine
+        self.window = int(window_s * SAMPLE_RATE_HZ)
+        self.ring_len = self.window + 5 * SAMPLE_RATE_HZ
+        self.lib = np.concatenate([library, library[: self.ring_len]])
+        self.n_lib = len(library)
+        dev = engine.device
+        # one spare column per row: the padding of a short row's upload is written there
+        self.ring = torch.zeros(n_streams, self.ring_len + 1, device=dev)
+        self.uploaded = np.zeros(n_streams, dtype=np.int64)
+        self.cols = torch.arange(self.ring_len, device=dev)
+
+    def windows(self, ids: np.ndarray, offsets: np.ndarray, heard: np.ndarray):
+        """The last ``window`` samples heard by each stream: ([B, window], lengths [B])."""
+        torch, eng = self.torch, self.engine
+        up = self.uploaded[ids]
+        up = np.where(heard < up, 0, up)  # a stream that starts over re-uploads its window
+        new = np.minimum(heard - up, self.ring_len)
+        start = heard - new
+        width = int(max(new.max(), 1))
+        # a fresh pinned block per admission (from torch's caching host allocator, which
+        # reuses a block only once its copy has run): the previous admission's upload may
+        # still be queued behind a decode chunk
+        host = torch.empty(len(ids), width, pin_memory=eng.cuda)
+        hn = host.numpy()
+        for b in range(len(ids)):
+            a = int((offsets[b] + start[b]) % self.n_lib)
+            hn[b, : new[b]] = self.lib[a : a + new[b]]
+        self.uploaded[ids] = heard
+        stride = self.ring_len + 1
+        with torch.inference_mode(), eng._on("features"):
+            dev = eng.device
+            rows = host.to(dev, non_blocking=True)
+            meta = torch.from_numpy(np.stack([ids, start, new, heard])).pin_memory() \
+                if eng.cuda else torch.from_numpy(np.stack([ids, start, new, heard]))
+            sid_t, start_t, new_t, heard_t = meta.to(dev, non_blocking=True)
+            cols = self.cols[None, :width]
+            where = (start_t[:, None] + cols) % self.ring_len
+            where = torch.where(cols < new_t[:, None], where, self.ring_len)  # spare column
+            self.ring.view(-1)[(sid_t[:, None] * stride + where).view(-1)] = rows.reshape(-1)
+            length = heard_t.clamp(max=self.window)
+            wc = self.cols[None, : self.window]
+            src = ((heard_t - length)[:, None] + wc) % self.ring_len
+            win = torch.where(wc < length[:, None], self.ring[sid_t[:, None], src], 0.0)
+        return win, length
+
+
+class StreamServer:
+    """Audio rings + encoder + a ``ContinuousDecoder``; results as (key, text, text tokens)."""
+
+    def __init__(self, engine, library: np.ndarray, n_streams: int, window_s: float,
+                 n_frames: int, policy, options):
+        import torch
+
+        self.torch, self.engine, self.n_frames, self.policy = torch, engine, n_frames, policy
+        self.audio = StreamAudio(engine, library, n_streams, window_s)
+        self.decoder = ContinuousDecoder(engine, policy, options)
+
+    def admit(self, ids, offsets, heard, prompts, keys) -> None:
+        eng = self.engine
+        win, length = self.audio.windows(ids, offsets, heard)
+        # the front end and encoder see only bucketed batch sizes: every new size would cost a
+        # new cuFFT plan and cuDNN convolution plan (milliseconds each) on the live path
+        g = len(ids)
+        pad = (bucket(g, eng.config.row_buckets) if eng.cuda else g) - g
+        if pad > 0:
+            win = self.torch.nn.functional.pad(win, (0, 0, 0, pad))
+            length = self.torch.nn.functional.pad(length, (0, pad))
+        feats = eng.encode(eng.features(win, length, self.n_frames))[:g]
+        seconds = np.minimum(heard, self.audio.window) / SAMPLE_RATE_HZ
+        self.decoder.admit(feats, [
+            Request(k, tuple(p) if p else None, tokens_for(s))
+            for k, p, s in zip(keys, prompts, seconds, strict=True)])
+
+    def iterate(self) -> list[tuple[object, str, list[int]]]:
+        eng, pol = self.engine, self.policy
+        ts = eng.special.timestamp_begin
+        out = []
+        for f in self.decoder.iterate():
+            r = f.result
+            silent = (r.no_speech_prob > pol.no_speech_threshold
+                      and r.avg_logprob < pol.logprob_threshold)
+            out.append((f.key, "" if silent else eng.text(r), r.text_tokens(ts)))
+        return out
+
+    def run_round(self, ids, offsets, heard, prompts):
+        """All rows at once, waiting for every one (calibration); ``median_latency_ns`` is then
+        the typical row's latency, which is what the scheduler's cost model predicts here (the
+        slowest row, with its fallback re-decodes, delays no other row)."""
+        got, i, t0 = {}, 0, time.monotonic_ns()
+        took = []
+        while i < len(ids) or self.decoder.n_busy or len(got) < len(ids):
+            take = min(len(ids) - i, self.decoder.n_free)
+            if take:
+                j = slice(i, i + take)
+                self.admit(ids[j], offsets[j], heard[j], prompts[j], list(range(i, i + take)))
+                i += take
+            for k, t, tok in self.iterate():
+                got[k] = (t, tok)
+                took.append(time.monotonic_ns() - t0)
+        self.median_latency_ns = int(np.median(took))
+        return [got[k][0] for k in range(len(ids))], [got[k][1] for k in range(len(ids))]
+
+
+_EMPTY = Plan((), (), 0)
+
+
+def simulate_stream(cfg: SimConfig, n_library: int, server: StreamServer,
+                    cost: CostModel | None = None,
+                    clock_ns: Callable[[], int] = time.monotonic_ns) -> SimResult:
+    with UtilSampler() as util:
+        return _run(cfg, n_library, server, cost or CostModel(), clock_ns, util)
+
+
+def _run(cfg: SimConfig, n_library: int, server: StreamServer, cost: CostModel,
+         clock_ns: Callable[[], int], util: UtilSampler) -> SimResult:
+    rng = np.random.default_rng(cfg.seed)
+    n = cfg.n_streams
+    gaps = rng.exponential(cfg.ramp_s / n, size=n)
+    t0 = clock_ns() + 50 * NS_PER_MS
+    start_ns = t0 + (np.cumsum(gaps) * 1e9).astype(np.int64)
+    offset = rng.integers(0, n_library, size=n)
+    next_ready = start_ns + cfg.first_ms * NS_PER_MS
+    seq = np.zeros(n, dtype=np.int64)
+    shown = np.zeros(n, dtype=bool)
+    prompts: list[list[int] | None] = [None] * n
+    end_ns = int(start_ns.max()) + int(cfg.duration_s * 1e9)
+    # an admitted group's median latency (admission to result) is what the cost model learns
+    sched = GpuScheduler(cost, cfg.max_rows, max_round_ns=cfg.first_budget_ms * NS_PER_MS // 2)
+    groups: dict[int, list] = {}  # id -> [plan, admitted_ns, latencies of its results so far]
+    ttfc, upd, samples = [], [], []
+    n_updates = n_misses = n_groups = 0
+    busy_ns = 0
+    dec = server.decoder
+    chunks0, steps0 = dec.n_chunks, dec.active_row_steps
+    last_admit = 0
+    spent = [0, 0, 0]  # ns in: scheduling, admission (upload, encoder, prefill), step+harvest
+    wall0 = last = clock_ns()
+    while (now := clock_ns()) < end_ns:
+        if dec.n_busy:
+            busy_ns += now - last
+        last = now
+        for s in np.nonzero(next_ready <= now)[0]:
+            ready = int(next_ready[s])
+            budget = cfg.budget_ms if shown[s] else cfg.first_budget_ms
+            sched.submit(Update(int(s), ready, ready + budget * NS_PER_MS, not shown[s],
+                                int(seq[s])))
+            seq[s] += 1
+            next_ready[s] += (cfg.update_ms if shown[s] else cfg.first_retry_ms) * NS_PER_MS
+        # each admission costs the host a few hundred kernel launches whatever its size, so
+        # with --admit-every-ms updates gather for a while, unless the GPU has nothing to do
+        due = not dec.n_busy or now - last_admit >= cfg.admit_every_ms * NS_PER_MS
+        plan = sched.plan(now, limit=dec.n_free) if due else _EMPTY
+        t_plan = clock_ns()
+        spent[0] += t_plan - now
+        if plan.batch:
+            ids = np.array([u.stream_id for u in plan.batch])
+            ready = np.array([u.ready_ns for u in plan.batch], dtype=np.int64)
+            heard = (ready - start_ns[ids]) * SAMPLE_RATE_HZ // 10**9
+            server.admit(ids, offset[ids], heard, [prompts[s] for s in ids],
+                         [(u, n_groups) for u in plan.batch])
+            groups[n_groups] = [plan, now, []]
+            last_admit = now
+            n_groups += 1
+        t_admit = clock_ns()
+        finished = server.iterate()
+        t_end = clock_ns()
+        spent[1] += t_admit - t_plan
+        spent[2] += t_end - t_admit
+        for (u, gid), text, toks in finished:
+            n_updates += 1
+            n_misses += t_end > u.deadline_ns
+            g = groups[gid]
+            g[2].append(t_end - g[1])
+            if len(g[2]) == len(g[0].batch):  # the group's typical latency trains the model
+                sched.done(g[0], int(np.median(g[2])))
+                del groups[gid]
+            if cfg.prompt_tokens > 0:
+                prompts[u.stream_id] = toks[-cfg.prompt_tokens :] or prompts[u.stream_id]
+            if not shown[u.stream_id] and text:
+                shown[u.stream_id] = True
+                next_ready[u.stream_id] = u.ready_ns + cfg.update_ms * NS_PER_MS
+                first_ready = int(start_ns[u.stream_id]) + cfg.first_ms * NS_PER_MS
+                ttfc.append((t_end - first_ready) / NS_PER_MS)
+            elif u.seq > 0 and shown[u.stream_id]:
+                upd.append((t_end - u.ready_ns) / NS_PER_MS)
+            if text and len(samples) < 3 and u.seq >= 3:
+                samples.append(text)
+        if not plan.batch and not dec.n_busy and not finished:
+            time.sleep(0.0005)
+    wall = clock_ns() - wall0
+    steps = (dec.n_chunks - chunks0) * server.engine.config.chunk_steps
+    return SimResult(
+        n_streams=n, n_updates=n_updates, n_misses=int(n_misses), n_degraded=sched.n_degraded,
+        n_superseded=sched.n_superseded, p95_ttfc_ms=p95(ttfc), p95_update_ms=p95(upd),
+        n_first_captions=int(shown.sum()), gpu_util_pct=util.mean,
+        busy_pct=100.0 * busy_ns / max(wall, 1),
+        mean_batch=(dec.active_row_steps - steps0) / max(steps, 1),
+        sample_texts=tuple(samples),
+        host_note="loop time: " + ", ".join(
+            f"{name} {100 * x / max(wall, 1):.0f}%" for name, x in
+            zip(("scheduling", "admission", "decode chunk + results"), spent, strict=True)))
