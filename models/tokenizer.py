@@ -79,6 +79,13 @@ class WhisperTokenizer:
         word_tokens: list[list[int]] = []
         current: list[int] = []
         for token in tokens:
+            if token >= self.special.eot:  # a special token is a "word" of its own: never glued
+                if current:  # to the last word (the aligner drops the trailing end-of-text)
+                    self._close_word(words, word_tokens, current)
+                    current = []
+                words.append("")
+                word_tokens.append([token])
+                continue
             current.append(token)
             text = self.decode(current)
             if "\ufffd" in text:
@@ -92,11 +99,15 @@ class WhisperTokenizer:
                 word_tokens.append(list(current))
             current = []
         if current:
-            text = self.decode(current)
-            if words:
-                words[-1] += text
-                word_tokens[-1].extend(current)
-            else:
-                words.append(text)
-                word_tokens.append(list(current))
+            self._close_word(words, word_tokens, current)
         return words, word_tokens
+
+    def _close_word(self, words: list[str], word_tokens: list[list[int]], current: list[int]):
+        """Tokens that never decoded to valid UTF-8 on their own join the last word."""
+        text = self.decode(current)
+        if words and words[-1]:
+            words[-1] += text
+            word_tokens[-1].extend(current)
+        else:
+            words.append(text)
+            word_tokens.append(list(current))

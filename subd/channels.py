@@ -283,9 +283,9 @@ def shared_engine(model: str = "tiny.en", precision: str = "int8", threads: int 
     """The Whisper engine of this process, loaded once per (model, precision, threads)."""
     key = (model, precision, threads)
     if key not in _ENGINES:
-        from subd.models.engine import WhisperEngine
+        from subd.models.engine import WhisperEngine, live_threads
 
-        _ENGINES[key] = WhisperEngine.load(model, threads=threads or None,
+        _ENGINES[key] = WhisperEngine.load(model, threads=threads or live_threads(),
                                            quantize=precision == "int8")
     return _ENGINES[key]
 

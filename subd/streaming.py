@@ -25,7 +25,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from subd.models.engine import WINDOW_SAMPLES, WhisperEngine
+from subd.models.engine import (
+    DEFAULT_POLICY,
+    WINDOW_SAMPLES,
+    FallbackPolicy,
+    WhisperEngine,
+    live_threads,
+)
 from subd.ring import AudioHistory
 from subd.sinks._config import check_choice, check_range
 from subd.types import SAMPLE_RATE_HZ, AudioChunk, Hypothesis, Word, ns_to_samples, samples_to_ns
@@ -34,19 +40,27 @@ from subd.vad import VoiceActivityDetector
 NS_PER_MS = 1_000_000
 PROMPT_WORDS = 60  # committed words given as context (≈ 80 tokens)
 LEAD_IN_SAMPLES = SAMPLE_RATE_HZ  # audio kept before the commit point when the window moves
+GREEDY_POLICY = FallbackPolicy(temperatures=(0.0,))
 
 
 @dataclass(frozen=True, slots=True)
 class StreamingConfig:
     model: str = "tiny.en"
     precision: str = "int8"  # "int8" or "fp32"
-    threads: int = 0  # 0: all cores
+    threads: int = 0  # 0: all cores but one (models.engine.live_threads)
     min_update_ms: int = 200  # new audio needed before another decode
     max_tentative_ms: int = 1200  # a hypothesis word older than this is committed
     pause_commit_ms: int = 600  # silence after the last word commits the tail
+    agree_guard_ms: int = 150  # agreement counts only for words ending this long before the end
+    agree_min_probability: float = 0.3  # ... and only when Whisper gave the word at least this
     trim_after_ms: int = 6000  # committed audio kept in the window before trimming
     max_window_ms: int = 24000  # force a commit/cut before the 30 s window can overflow
     vad: bool = True
+    # Offline, a low-confidence window is re-decoded at higher temperatures. Live, the window
+    # usually ends inside a word, which is what lowers the confidence; a sampled re-decode of
+    # it invents words ("Unless" -> "A millennial...") that a second sample can agree with, and
+    # costs 2-3 updates of CPU. Greedy only, unless asked for.
+    temperature_fallback: bool = False
     force_committed_prefix: bool = True  # decode only the unconfirmed tail (see _decode)
 
     def __post_init__(self) -> None:
@@ -54,10 +68,12 @@ class StreamingConfig:
             ("min_update_ms", 20, 5000),
             ("max_tentative_ms", 200, 20000),
             ("pause_commit_ms", 100, 10000),
+            ("agree_guard_ms", 0, 5000),
             ("trim_after_ms", 500, 20000),
             ("max_window_ms", 4000, 28000),
         ):
             check_range("recognizer", key, getattr(self, key), lo, hi)
+        check_range("recognizer", "agree_min_probability", self.agree_min_probability, 0.0, 1.0)
         check_choice("recognizer", "precision", self.precision, ("int8", "fp32"))
 
 
@@ -71,6 +87,7 @@ class _State:
     committed_end_ns: int = 0  # audio time up to which words are committed
     committed: list[Word] = field(default_factory=list)
     previous: list[Word] = field(default_factory=list)  # last hypothesis after the commit point
+    previous_settled: int = 0  # how many of them ended agree_guard_ms before that decode's end
     last_decode_end: int = 0  # audio_end (samples) at the last decode
     settled_end: int = 0  # samples: the hypothesis accounts for all speech before this
 
@@ -80,7 +97,7 @@ class StreamingRecognizer:
         self.config = StreamingConfig(model=model, **opts)
         c = self.config
         self.engine = engine or WhisperEngine.load(
-            c.model, threads=c.threads or None, quantize=c.precision == "int8"
+            c.model, threads=c.threads or live_threads(), quantize=c.precision == "int8"
         )
         self.audio = AudioHistory(WINDOW_SAMPLES + 2 * SAMPLE_RATE_HZ)
         self.vad = VoiceActivityDetector() if c.vad else None
@@ -153,7 +170,8 @@ class StreamingRecognizer:
             tok = self.engine.tokenizer
             text = tok.encode(" " + " ".join(w.text for w in inside))
             prefix = (tok.special.timestamp_begin, *text)
-        result = self.engine.transcribe_window(window, prompt, prefix=prefix)
+        policy = GREEDY_POLICY if not self.config.temperature_fallback else DEFAULT_POLICY
+        result = self.engine.transcribe_window(window, prompt, policy, prefix=prefix)
         self.n_decodes += 1
         offset_ns = samples_to_ns(st.window_start)
         words = []
@@ -190,12 +208,20 @@ class StreamingRecognizer:
 
     def _commit(self, words: list[Word], end: int) -> list[Word]:
         c, st = self.config, self.state
-        agreed = 0
-        for old, new in zip(st.previous, words, strict=False):
+        end_ns = samples_to_ns(end)
+        # a word that ends right at the audio end may be cut short (the speaker is mid-word):
+        # two decodes of nearly the same audio agree on such a guess, so it does not count
+        guard_ns = c.agree_guard_ms * NS_PER_MS
+        settled = 0
+        while settled < len(words) and end_ns - words[settled].end_ns >= guard_ns:
+            settled += 1
+        agreed = 0  # both decodes must have heard the word out: cut-short guesses agree easily
+        for old, new in zip(st.previous[: st.previous_settled], words[:settled], strict=False):
             if _norm(old.text) != _norm(new.text):
                 break
+            if min(old.probability, new.probability) < c.agree_min_probability:
+                break  # two unsure guesses that agree are still guesses: wait for more audio
             agreed += 1
-        end_ns = samples_to_ns(end)
         n = agreed
         while n < len(words) and end_ns - words[n].end_ns >= c.max_tentative_ms * NS_PER_MS:
             n += 1
@@ -205,6 +231,7 @@ class StreamingRecognizer:
             self.n_forced_cuts += 1
         newly = self._take(words[:n])
         st.previous = words[n:]
+        st.previous_settled = max(0, settled - n)
         if window_ms >= c.max_window_ms and not newly and not st.previous:
             st.window_start = end - 2 * SAMPLE_RATE_HZ  # no words at all: keep 2 s of context
         return newly
