@@ -65,6 +65,14 @@ class Scores:
         ):
             table[key] = table.get(key, 0) + int(hit)
 
+    def add_scores(self, other: Scores) -> None:
+        """Pool ``other``'s counts into these (several streams scored as one)."""
+        for mine, theirs in ((self.tp, other.tp), (self.fp, other.fp), (self.fn, other.fn)):
+            for key, n in theirs.items():
+                mine[key] = mine.get(key, 0) + n
+        self.chunk_edge_breaks += other.chunk_edge_breaks
+        self.chunk_edges += other.chunk_edges
+
     def f1(self, key: str) -> tuple[float, float, float]:
         tp, fp, fn = self.tp.get(key, 0), self.fp.get(key, 0), self.fn.get(key, 0)
         p = tp / (tp + fp) if tp + fp else 0.0
@@ -89,6 +97,18 @@ def score(hyp: list[tuple[str, str, bool]], ref: list[tuple[str, str]]) -> Score
                 s.chunk_edges += 1
                 s.chunk_edge_breaks += int(mark in SENTENCE_END and truth not in SENTENCE_END)
     return s
+
+
+def stream_hypotheses(
+    recognizer, audio: np.ndarray, step_samples: int = SAMPLE_RATE_HZ // 2
+) -> list:
+    """One streaming run: the hypothesis after each ``step_samples`` of audio, and at the end."""
+    hyps = []
+    for start in range(0, len(audio), step_samples):
+        recognizer.accept(AudioChunk(start, audio[start : start + step_samples]))
+        hyps.append(recognizer.update())
+    hyps.append(recognizer.finish())
+    return hyps
 
 
 def stream_both(

@@ -3,10 +3,13 @@
 At every look-ahead fetch the tag stage hands over the words the recogniser newly committed and
 its current tentative tail. Committed words wait ("pending") until either
 ``right_context_words`` words (committed or tentative) follow them, or a pause of at least
-``pause_commit_ms`` follows them (the next word's start, or for the last word the audio heard
-so far). Then their punctuation and case become final and are never changed again: the words
-after them are decoded with the final words pinned, so a later, better-informed window can
-never contradict what was already shown. Tentative words are only ever right context.
+``pause_commit_ms`` follows them before the next word. After the last word recognised so far the
+gap to the end of the audio is only trusted as silence from ``trailing_pause_commit_ms`` on
+(shorter, it is unknown to the tagger too): a streaming recogniser often has not transcribed the
+next word yet, and its "settled" audio end is then wrong. Then their punctuation and case become
+final and are never changed again: the words after them are decoded with the final words
+pinned, so a later, better-informed window can never contradict what was already shown.
+Tentative words are only ever right context.
 
 The recogniser's own marks ("them." / "man,") go to the tagger as evidence, together with how
 many words the recogniser had decoded after each word in the hypothesis that committed it (0 =
@@ -47,6 +50,7 @@ class PunctConfig:
 
     right_context_words: int = 3
     pause_commit_ms: float = 350.0
+    trailing_pause_commit_ms: float = 1200.0
     left_context_words: int = 16
     max_pending_words: int = 48
     recogniser_marks: bool = True  # weigh the recogniser's own marks (False: words only)
@@ -54,6 +58,7 @@ class PunctConfig:
     def __post_init__(self) -> None:
         _check("right_context_words", self.right_context_words, 1, 32)
         _check("pause_commit_ms", self.pause_commit_ms, 50.0, 5000.0)
+        _check("trailing_pause_commit_ms", self.trailing_pause_commit_ms, 50.0, 10000.0)
         _check("left_context_words", self.left_context_words, 1, 256)
         _check("max_pending_words", self.max_pending_words, self.right_context_words + 1, 512)
         if not isinstance(self.recogniser_marks, bool):
@@ -112,15 +117,23 @@ class PunctStream:
         self._pending_marks += [recogniser_mark(w.text, n_decoded - 1 - i)
                                 for i, w in enumerate(committed)]
         tail = [w for w in tentative if w.start_ns >= self._last_end_ns - 50 * NS_PER_MS]
-        n_decide = self._n_ready(tail, audio_end_ns)
-        return self._decide(tail, audio_end_ns, n_decide, complete=False)
+        last = tail[-1] if tail else (self._pending[-1] if self._pending else None)
+        trailing_ns = self.config.trailing_pause_commit_ms * NS_PER_MS
+        # The gap after the last word recognised so far is a pause only when it is long: in a
+        # stream, audio the recogniser has not transcribed yet looks just like silence (on the
+        # espeak-ng streams of subd bench punct-e2e, 2 of 3 such gaps over 350 ms held a word).
+        heard_silence = last is not None and audio_end_ns - last.end_ns >= trailing_ns
+        after_last_ns = audio_end_ns if heard_silence else None
+        n_decide = self._n_ready(tail, after_last_ns)
+        return self._decide(tail, after_last_ns, n_decide, complete=False)
 
     def flush(self, audio_end_ns: int | None = None) -> PunctUpdate:
         """End of stream: decide every pending word (the last word ends the stream)."""
         return self._decide([], audio_end_ns, len(self._pending), complete=True)
 
-    def _n_ready(self, tail: Sequence[Word], audio_end_ns: int) -> int:
-        """How many pending words (a prefix) have enough right context now."""
+    def _n_ready(self, tail: Sequence[Word], after_last_ns: int | None) -> int:
+        """How many pending words (a prefix) have enough right context now: words or a pause
+        after them (for the last word, a long trailing silence, ``after_last_ns``)."""
         cfg = self.config
         pending = self._pending
         following = [*pending, *tail]
@@ -128,8 +141,8 @@ class PunctStream:
         n_ready = min(n_ready, len(pending))
         pause_ns = cfg.pause_commit_ms * NS_PER_MS
         for i in range(len(pending) - 1, n_ready - 1, -1):
-            nxt = following[i + 1].start_ns if i + 1 < len(following) else audio_end_ns
-            if nxt - pending[i].end_ns >= pause_ns:
+            nxt = following[i + 1].start_ns if i + 1 < len(following) else after_last_ns
+            if nxt is not None and nxt - pending[i].end_ns >= pause_ns:
                 n_ready = i + 1
                 break
         return max(n_ready, len(pending) - cfg.max_pending_words)

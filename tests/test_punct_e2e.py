@@ -39,11 +39,6 @@ def test_sentence_f1_is_no_worse_than_the_recogniser(result) -> None:
     assert result.tagger.f1("sentence")[2] >= result.recogniser.f1("sentence")[2]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 4 stays open: on this speech the tagger ties Whisper's own marks "
-    "(sentence F1 0.60 vs 0.60); it must beat them",
-)
 def test_sentence_f1_beats_the_recogniser(result) -> None:
     assert result.tagger.f1("sentence")[2] > result.recogniser.f1("sentence")[2]
 

@@ -121,8 +121,30 @@ def test_long_pause_decides_without_right_words(tagger: PunctTagger) -> None:
                                              recogniser_marks=False))
     short = stream.update(words, (), words[-1].end_ns + 100 * MS)
     assert short.final == ()
-    long = stream.update((), (), words[-1].end_ns + 900 * MS)
+    # 900 ms after the last word recognised so far: maybe silence, maybe a word the recogniser
+    # has not transcribed yet; not enough to decide on
+    unsure = stream.update((), (), words[-1].end_ns + 900 * MS)
+    assert unsure.final == ()
+    long = stream.update((), (), words[-1].end_ns + 1300 * MS)
     assert render(long.final) == "I am going home."
+
+
+def test_pause_before_a_known_word_decides_at_once(tagger: PunctTagger) -> None:
+    words = [Word(w, i * 300 * MS, (i * 300 + 250) * MS)
+             for i, w in enumerate("i am going home".split())]
+    nxt = Word("then", words[-1].end_ns + 500 * MS, words[-1].end_ns + 750 * MS)
+    cfg = PunctConfig(right_context_words=5, pause_commit_ms=400.0)
+    # the same 500 ms: between two recognised words it is a pause ...
+    between = PunctStream(tagger, cfg).update(words, (nxt,), nxt.end_ns)
+    assert [t.word.text for t in between.final] == ["i", "am", "going", "home"]
+    # ... after the last word so far it is not known to be one
+    trailing = PunctStream(tagger, cfg).update(words, (), words[-1].end_ns + 500 * MS)
+    assert trailing.final == ()
+
+
+def test_trailing_pause_setting_is_validated() -> None:
+    with pytest.raises(ConfigError, match=r"trailing_pause_commit_ms must be in 50\.0\.\.10000"):
+        PunctConfig(trailing_pause_commit_ms=20000.0)
 
 
 def test_update_from_hypothesis(tagger: PunctTagger) -> None:
