@@ -238,10 +238,14 @@ class CueLayout:
         capacity = c.max_lines * c.max_chars_per_line
         min_dur_ns = c.min_duration_ms * NS_PER_MS
         best_j, best_score = len(cand) - 1, -math.inf
-        for j in range(1, len(cand)):
+        lo, hi = 1, len(cand) - 1  # the longest head that fits (longer ones do not either)
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            lo, hi = (mid, hi) if self._fits(cand[:mid]) else (lo, mid - 1)
+        if not self._fits(cand[:lo]):
+            return best_j
+        for j in range(1, lo + 1):
             head = cand[:j]
-            if not self._fits(head):
-                break  # longer heads do not fit either
             score = break_score(cand[j - 1], cand[j]) + 2.0 * line_len(head) / capacity
             if head[-1].end_ns - head[0].start_ns < min_dur_ns:
                 score -= 2.0

@@ -150,8 +150,9 @@ def wrap(
     back = [[-1] * (max_lines + 1) for _ in range(n + 1)]
     best[0][0] = 0.0
     for j in range(1, n + 1):
+        width = -1  # the line tokens[i:j], grown leftwards one token at a time
         for i in range(j - 1, -1, -1):
-            width = line_len(tokens[i:j])
+            width += len(tokens[i].text) + (0 if i + 1 < j and tokens[i + 1].glue_before else 1)
             if width > max_chars:
                 break
             brk = -break_score(tokens[j - 1], tokens[j]) if j < n else 0.0
