@@ -112,6 +112,17 @@ def test_word_timings_are_ordered_and_inside_the_clip(engine, speech_clips):
     assert 0.8 <= dash.start_s <= 1.5
 
 
+def test_every_decoded_word_gets_a_timing_including_the_last(engine, speech_clips):
+    """The end-of-text token once glued itself to the last word, and the aligner dropped it:
+    every window lost its final word (a streaming caption's last word waited for the next)."""
+    for clip in speech_clips[:2]:
+        result = engine.transcribe_window(load_audio(clip.path))
+        text = engine.tokenizer.decode(
+            result.decode.text_tokens(engine.tokenizer.special.timestamp_begin))
+        assert "".join(w.text for w in result.words).split() == text.split()
+        assert result.words[-1].end_s > result.words[-2].end_s
+
+
 def test_repetition_loop_is_detected():
     from subd.models.decoding import tail_loop
 
