@@ -120,8 +120,9 @@ def simulate(cfg: SimConfig, n_library: int, run_round: RoundFn, cost: CostModel
         util.__exit__(None, None, None)
 
 
-def _run(cfg: SimConfig, n_library: int, run_round: RoundFn, cost: CostModel | None,
-         clock_ns: Callable[[], int], util: UtilSampler) -> SimResult:
+def arrivals(cfg: SimConfig, n_library: int, clock_ns: Callable[[], int]):
+    """Poisson stream arrivals over ``ramp_s`` at random library offsets: (rng, n, start_ns,
+    offset, next_ready, seq, shown, prompts, end_ns), shared by both simulations."""
     rng = np.random.default_rng(cfg.seed)
     n = cfg.n_streams
     gaps = rng.exponential(cfg.ramp_s / n, size=n)
@@ -133,6 +134,13 @@ def _run(cfg: SimConfig, n_library: int, run_round: RoundFn, cost: CostModel | N
     shown = np.zeros(n, dtype=bool)
     prompts: list[list[int] | None] = [None] * n
     end_ns = int(start_ns.max()) + int(cfg.duration_s * 1e9)
+    return rng, n, start_ns, offset, next_ready, seq, shown, prompts, end_ns
+
+
+def _run(cfg: SimConfig, n_library: int, run_round: RoundFn, cost: CostModel | None,
+         clock_ns: Callable[[], int], util: UtilSampler) -> SimResult:
+    rng, n, start_ns, offset, next_ready, seq, shown, prompts, end_ns = arrivals(
+        cfg, n_library, clock_ns)
     sched = GpuScheduler(cost or CostModel(), cfg.max_rows,
                          max_round_ns=cfg.first_budget_ms * NS_PER_MS // 2)
     ttfc, upd = [], []

@@ -15,7 +15,15 @@ from collections.abc import Callable
 
 import numpy as np
 
-from subd.bench.gpu_sim import NS_PER_MS, SAMPLE_RATE_HZ, SimConfig, SimResult, UtilSampler, p95
+from subd.bench.gpu_sim import (
+    NS_PER_MS,
+    SAMPLE_RATE_HZ,
+    SimConfig,
+    SimResult,
+    UtilSampler,
+    arrivals,
+    p95,
+)
 from subd.gpu_scheduler import CostModel, GpuScheduler, Plan, Update
 from subd.models.batched import bucket
 from subd.models.batched_continuous import ContinuousDecoder, Request
@@ -150,17 +158,8 @@ def simulate_stream(cfg: SimConfig, n_library: int, server: StreamServer,
 
 def _run(cfg: SimConfig, n_library: int, server: StreamServer, cost: CostModel,
          clock_ns: Callable[[], int], util: UtilSampler) -> SimResult:
-    rng = np.random.default_rng(cfg.seed)
-    n = cfg.n_streams
-    gaps = rng.exponential(cfg.ramp_s / n, size=n)
-    t0 = clock_ns() + 50 * NS_PER_MS
-    start_ns = t0 + (np.cumsum(gaps) * 1e9).astype(np.int64)
-    offset = rng.integers(0, n_library, size=n)
-    next_ready = start_ns + cfg.first_ms * NS_PER_MS
-    seq = np.zeros(n, dtype=np.int64)
-    shown = np.zeros(n, dtype=bool)
-    prompts: list[list[int] | None] = [None] * n
-    end_ns = int(start_ns.max()) + int(cfg.duration_s * 1e9)
+    rng, n, start_ns, offset, next_ready, seq, shown, prompts, end_ns = arrivals(
+        cfg, n_library, clock_ns)
     # an admitted group's median latency (admission to result) is what the cost model learns
     sched = GpuScheduler(cost, cfg.max_rows, max_round_ns=cfg.first_budget_ms * NS_PER_MS // 2)
     groups: dict[int, list] = {}  # id -> [plan, admitted_ns, latencies of its results so far]
