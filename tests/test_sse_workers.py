@@ -8,7 +8,7 @@ import time
 from collections.abc import Callable
 
 import pytest
-from test_sse import EVENT, STATE, Conn, connect, running, states
+from test_sse import EVENT, STATE, Conn, _drain, connect, running, states
 
 from subd.errors import ConfigError
 from subd.layout import token_of
@@ -144,13 +144,6 @@ def test_worker_skips_resyncs_and_drops_a_client_that_does_not_read() -> None:
         await sink.close()
 
     asyncio.run(main())
-
-
-async def _drain(conn: Conn, ids: list[int], kinds: list[str]) -> None:
-    while True:
-        k, event = await conn.next_event()
-        ids.append(k)
-        kinds.append(event["type"])
 
 
 def test_a_failed_worker_disconnects_its_clients_who_reconnect_without_loss() -> None:
