@@ -24,6 +24,7 @@ from typing import Any, Protocol
 from subd.clock import Clock
 from subd.drift import DriftEstimator
 from subd.events_log import EventsLog
+from subd.gcpace import PACER
 from subd.ingest import Ingest
 from subd.ring import (
     FRAME_SAMPLES,
@@ -158,6 +159,7 @@ class Pipeline:
             asyncio.create_task(self._tag_loop(), name="tag"),
         ]
         publisher = asyncio.create_task(self._publish_loop(), name="publish")
+        PACER.acquire()  # collections after publishing, never just before a deadline
         try:
             while True:
                 done, _ = await asyncio.wait([publisher, *tasks],
@@ -173,6 +175,7 @@ class Pipeline:
             for t in [publisher, *tasks]:
                 t.cancel()
             await asyncio.gather(publisher, *tasks, return_exceptions=True)
+            PACER.release()
             if self.events is not None:
                 self.events.flush()
         self.counters.stale_slots = self.ring.stale_count
@@ -373,8 +376,10 @@ class Pipeline:
             due = self._due(k)
             await self.clock.sleep_until(due - PREPARE_NS, precise=False)
             state = self._prepare(k, due)
+            self._prepare_sinks(state)
             sent = await self.clock.sleep_until(due)
             self._emit(state, sent)
+            PACER.after_publish()
             k += 1
             if self._drained(k - 1):
                 return
@@ -392,6 +397,20 @@ class Pipeline:
         if self.layout is not None:
             state = self.layout.apply(state)
         return state
+
+    def _prepare_sinks(self, state: CaptionState) -> None:
+        """Sinks that can encode ahead (``prepare``) do it now, so T(k) only writes."""
+        for sink in self.sinks:
+            prepare = getattr(sink, "prepare", None)
+            if prepare is None:
+                continue
+            try:
+                prepare(state)
+            except Exception:  # noqa: BLE001 - a broken sink must not stop the clock
+                self.counters.sink_errors += 1
+                if self.counters.sink_errors < 10:
+                    log.exception("sink %s failed to prepare tick %d",
+                                  getattr(sink, "name", sink), state.k)
 
     def _emit(self, state: CaptionState, sent_ns: int) -> None:
         for sink in self.sinks:

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from subd.clock import FakeClock
 from subd.events_log import EventsLog, read_events
 from subd.ring import AudioHistory
-from subd.scheduler import Pipeline, TickSettings
+from subd.scheduler import PREPARE_NS, Pipeline, TickSettings
 from subd.scripted import script_words
 from subd.sources import FileSource
 from subd.stages import FactorySpec, RecogniserHost, TagHost, TagRequest
@@ -31,8 +31,13 @@ class ListSink:
 
     def __init__(self) -> None:
         self.states: list[CaptionState] = []
+        self.prepared: list[tuple[int, CaptionState]] = []  # (clock time, state)
+        self.clock: FakeClock | None = None
 
     async def start(self) -> None: ...
+
+    def prepare(self, state: CaptionState) -> None:
+        self.prepared.append((self.clock.now_ns() if self.clock else 0, state))
 
     def publish(self, state: CaptionState) -> None:
         self.states.append(state)
@@ -88,6 +93,7 @@ def run_pipeline(tmp_path, *, seconds: float = 6.0, fps: str = "30", latency_ms:
         tag = InlineWorker("tag", TagHost(None), clock, tag_delay)
         source = BurstSource(audio) if burst else FileSource(audio, chunk_ms=20)
         sink = ListSink()
+        sink.clock = clock
         events = EventsLog(path)
         pipeline = Pipeline(
             clock=clock,
@@ -121,6 +127,10 @@ def test_every_tick_is_published_exactly_at_its_due_time(tmp_path):
         assert tick["sent_ns"] == tick["due_ns"]
     assert run.counters.deadline_misses == 0
     assert run.counters.fallbacks == 0
+    # each state was handed to the sink to prepare 2 ms before it was published
+    assert [state for _, state in run.sink.prepared] == run.sink.states
+    for (t_ns, state) in run.sink.prepared:
+        assert t_ns == state.due_ns - PREPARE_NS
     # every scripted word reached the viewer once, in order, after its audio ended
     assert run.committed_texts() == [w for w, _, _ in run.script]
     for state in run.sink.states:

@@ -305,3 +305,23 @@ def test_bad_config_names_section_key_and_range() -> None:
         SSEConfig.from_mapping({"retry_ms": 5})
     with pytest.raises(ConfigError, match=r"\[sinks.sse.layout\] max_lines"):
         SSEConfig.from_mapping({"layout": {"max_lines": 9}})
+
+
+def test_prepare_then_publish_writes_the_same_bytes_once() -> None:
+    async def main() -> None:
+        async with running() as sink:
+            early = await connect(sink.port)
+            assert await early.next_block() == b"retry: 1000\n\n"
+            sink.prepare(STATE)  # encoded at the look-ahead: nothing is written yet
+            late = await connect(sink.port)  # connects between prepare and publish
+            assert await late.next_block() == b"retry: 1000\n\n"
+            sink.publish(STATE)
+            nxt = CaptionState(k=8, due_ns=STATE.due_ns + 33 * MS, audio_end_ns=STATE.audio_end_ns,
+                               committed=(), tentative="")
+            sink.publish(nxt)  # published without prepare: encoded on the spot
+            for conn in (early, late):
+                assert await conn.next_block() == EVENT  # tick 7 once, byte for byte
+                assert (await conn.next_event())[0] == 8
+                conn.close()
+
+    asyncio.run(main())

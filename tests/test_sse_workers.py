@@ -183,3 +183,27 @@ def test_control_messages_split_and_heartbeat_bytes() -> None:
 def test_fanout_workers_is_range_checked() -> None:
     with pytest.raises(ConfigError, match=r"\[sinks.sse\] fanout_workers = 65"):
         SSEConfig.from_mapping({"fanout_workers": 65})
+
+
+def test_prepared_tick_is_written_by_the_worker_at_its_due_time_not_before() -> None:
+    async def main() -> None:
+        async with running(fanout_workers=1) as sink:
+            local = await connect(sink.port)
+            remote = await handed_off(sink, sink.port, 1)
+            for conn in (local, remote):
+                assert await conn.reader.readexactly(18) == b"d\r\nretry: 1000\n\n\r\n"
+            due = time.monotonic_ns() + 40 * MS  # the sink's clock is time.monotonic_ns
+            state = CaptionState(STATE.k, due, STATE.audio_end_ns, STATE.committed,
+                                 STATE.tentative)
+            sink.prepare(state)  # the worker now holds tick 7 until `due`
+            _, event = await asyncio.wait_for(remote.next_event(), 10)
+            received = time.monotonic_ns()
+            assert received >= due, f"written {(due - received) / MS:.1f} ms before its time"
+            assert event["k"] == 7 and event["due_ns"] == due
+            sink.publish(state)  # this process's own clients at T(k): same event
+            _, mine = await asyncio.wait_for(local.next_event(), 10)
+            assert mine == event
+            local.close()
+            remote.close()
+
+    asyncio.run(main())

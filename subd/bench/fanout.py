@@ -1,11 +1,12 @@
 """``subd bench fanout``: SSE publish-time error and memory with many clients, half not reading.
 
-The SSE sink runs in this process with a deadline publisher (sleep to 2 ms before T(k), then
-spin; SCHED_FIFO when allowed), with ``--workers`` fan-out worker processes (they inherit the
-policy). Clients run in other processes so they do not share this GIL: a bulk process holds the
-plain readers and the non-readers (small receive buffers, never read), and a probe process
-(SCHED_FIFO when allowed) reads like a viewer and records, for every event,
-``receive time - due_ns`` on the shared monotonic clock. Printed for N clients and for 1.
+The SSE sink runs in this process with a deadline publisher like the daemon's: at T(k) - 2 ms
+``prepare`` (layout, encoding; the fan-out workers get the event with its release time T(k)),
+then spin to T(k) and ``publish`` (writes only); SCHED_FIFO when allowed, and ``--workers``
+fan-out worker processes inherit it. Clients run in other processes so they do not share this
+GIL: a bulk process holds the plain readers and the non-readers (small receive buffers, never
+read), and a probe process (SCHED_FIFO when allowed) reads like a viewer and records, for every
+event, ``receive time - due_ns`` on the shared monotonic clock. Printed for N clients and for 1.
 
 The probe is a plain reading client and not favoured: it connects last, so it is the last
 client written to by whichever process serves it. The bulk readers are load, not what is
@@ -131,6 +132,7 @@ def percentile(values: list[float], q: float) -> float:
 
 async def _serve_once(n_clients: int, n_ticks: int, fps: Fraction, event_bytes: int,
                       warmup: int, n_workers: int) -> dict[str, Any]:
+    from subd.gcpace import PACER
     from subd.sinks.scripted import script_states, script_words
     from subd.sinks.sse import SSEConfig, SSESink
     from subd.types import CaptionState
@@ -160,6 +162,7 @@ async def _serve_once(n_clients: int, n_ticks: int, fps: Fraction, event_bytes: 
     pad = "x" * max(0, event_bytes - 200)
     period = Fraction(10**9) / fps
     states = script_states(script_words(" ".join(["word"] * 2000)))
+    PACER.acquire()  # as the daemon's publisher: collections right after publishing
     t0 = time.monotonic_ns()
     max_buffered = 0
     publish_ms: list[float] = []
@@ -168,15 +171,18 @@ async def _serve_once(n_clients: int, n_ticks: int, fps: Fraction, event_bytes: 
         slack_s = (due - time.monotonic_ns()) / 1e9 - 0.002
         if slack_s > 0:
             await asyncio.sleep(slack_s)
+        tick = CaptionState(k, due, state.audio_end_ns, state.committed, pad + state.tentative)
+        sink.prepare(tick)  # as the daemon's publisher: encode at T(k) - 2 ms, write at T(k)
         while time.monotonic_ns() < due:
             pass
         t_pub = time.monotonic_ns()
-        sink.publish(CaptionState(k, due, state.audio_end_ns, state.committed,
-                                  pad + state.tentative))
+        sink.publish(tick)
         if k >= warmup:
             publish_ms.append((time.monotonic_ns() - t_pub) / NS_PER_MS)
+        PACER.after_publish()
         if k % 30 == 0:
             max_buffered = max(max_buffered, sink.buffered_bytes())
+    PACER.release()
     out, _ = await asyncio.to_thread(probe.communicate, timeout=60)
     result = json.loads(out.strip().splitlines()[-1])
     rss_end = rss_mb()

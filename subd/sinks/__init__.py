@@ -2,8 +2,11 @@
 
 A sink implements :class:`Sink`. The publisher calls ``publish`` once per tick from the event
 loop; it must return at once (queue, never block or await I/O inline), so that one slow sink can
-never delay the clock or another sink. Sinks are looked up by name in the entry-point group
-``subd.sinks``; the built-in sinks register the same way (see pyproject.toml).
+never delay the clock or another sink. A sink may also define ``prepare(state)``: the
+publisher calls it at T(k) − 2 ms with the state it will publish at T(k), so the sink can lay
+out and encode ahead and ``publish`` only writes (the SSE sink does). Sinks are looked up by
+name in the entry-point group ``subd.sinks``; the built-in sinks register the same way (see
+pyproject.toml).
 """
 
 from __future__ import annotations

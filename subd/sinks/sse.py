@@ -29,6 +29,7 @@ import os
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
@@ -52,6 +53,20 @@ from subd.types import CaptionState
 
 log = logging.getLogger(__name__)
 RETIRE_PER_TURN = 16
+MAX_HOLD_NS = 50_000_000  # a prepared tick is held by the workers at most this long
+
+
+@dataclass(frozen=True, slots=True)
+class _Prepared:
+    """Tick k laid out and encoded at the look-ahead, written at T(k)."""
+
+    state: CaptionState
+    event: bytes
+    framed: bytes
+    words: list[list[Any]]
+    cues: list[list[Any]]
+
+
 class _Client:
     __slots__ = ("id", "transport", "chunked", "done", "stalled_ns", "resync", "last_write_ns",
                  "link")
@@ -87,6 +102,8 @@ class SSESink:
         self._n_words = 0
         self._last: CaptionState | None = None
         self._full: bytes | None = None  # cached full event for the current tick
+        self._prepared: _Prepared | None = None  # tick encoded by prepare(), not published yet
+        self._handoffs: deque[_Client] = deque()  # clients to hand over once it is published
         self._clients: dict[_Client, None] = {}  # insertion-ordered set, written here
         self._remote: dict[int, _Client] = {}  # client id -> client, written by a worker
         self._links: list[WorkerLink] = []
@@ -161,33 +178,34 @@ class SSESink:
 
     # -- publishing (event loop, never blocks) -----------------------------------------
 
-    def publish(self, state: CaptionState) -> None:
-        closed = self._layout.push(state.committed, state.audio_end_ns, state.tentative)
-        words = [[w.text, w.start_ns, w.end_ns] for w in map(token_of, state.committed)]
-        cues = [cue_json(c) for c in closed]
-        payload = {
-            "type": "delta",
-            "k": state.k,
-            "due_ns": state.due_ns,
-            "audio_end_ns": state.audio_end_ns,
-            "w0": self._n_words,
-            "words": words,
-            "tentative": state.tentative,
-            "cues": cues,
-            "fallback": state.fallback,
-            "degraded": state.degraded,
-        }
-        event = encode_event(state.k, payload)
-        self._history.append((state.k, event))
-        self._words.extend(words)
-        self._cues.extend(cues)
-        self._n_words += len(words)
-        self._last = state
-        self._full = None
-        framed = chunk(event)
+    def prepare(self, state: CaptionState) -> None:
+        """At the look-ahead (T(k) - 2 ms): lay out and encode tick k, and send it to the
+        fan-out workers, which write it at T(k) themselves. ``publish`` then only writes."""
+        if self._prepared is not None:  # prepared and never published: it goes out now
+            self.publish(self._prepared.state)
+        self._prepared = prepared = self._encode(state)
         now = self._clock()
-        for link in self._links:  # the workers write while this process does its share
-            link.tick(now, framed)
+        if self._links:
+            # the workers' release time is on the monotonic clock; a test's fake clock gives
+            # a bounded hold only
+            hold_ns = min(max(state.due_ns - now, 0), MAX_HOLD_NS)
+            release_ns = time.monotonic_ns() + hold_ns if hold_ns else 0
+            for link in self._links:
+                link.tick(now, prepared.framed, release_ns)
+
+    def publish(self, state: CaptionState) -> None:
+        """At T(k): write tick k (encoded by ``prepare``, or now if it was not) to the clients
+        of this process; clients handed over meanwhile go to their workers afterwards."""
+        prepared = self._prepared
+        if prepared is None or prepared.state.k != state.k:
+            if prepared is not None:
+                self.publish(prepared.state)
+            prepared = self._encode(state)
+            for link in self._links:
+                link.tick(self._clock(), prepared.framed)
+        self._prepared = None
+        event, framed = prepared.event, prepared.framed
+        now = self._clock()
         limit = self.config.client_buffer_bytes
         lagging = []
         # Clients that keep up are served first, in one tight loop; the rest (stalled, due a
@@ -205,6 +223,12 @@ class SSESink:
                 client.last_write_ns = now
             else:
                 lagging.append(client)
+        self._history.append((state.k, event))
+        self._words.extend(prepared.words)
+        self._cues.extend(prepared.cues)
+        self._n_words += len(prepared.words)
+        self._last = state
+        self._full = None
         for client in lagging:
             self._offer(client, event, framed, now)
         if any(link.n_ready for link in self._links):
@@ -212,6 +236,27 @@ class SSESink:
             for link in self._links:
                 if link.n_ready:
                     link.full(full)
+        while self._handoffs:
+            self._hand_off(self._handoffs.popleft())
+
+    def _encode(self, state: CaptionState) -> _Prepared:
+        closed = self._layout.push(state.committed, state.audio_end_ns, state.tentative)
+        words = [[w.text, w.start_ns, w.end_ns] for w in map(token_of, state.committed)]
+        cues = [cue_json(c) for c in closed]
+        payload = {
+            "type": "delta",
+            "k": state.k,
+            "due_ns": state.due_ns,
+            "audio_end_ns": state.audio_end_ns,
+            "w0": self._n_words,
+            "words": words,
+            "tentative": state.tentative,
+            "cues": cues,
+            "fallback": state.fallback,
+            "degraded": state.degraded,
+        }
+        event = encode_event(state.k, payload)
+        return _Prepared(state, event, chunk(event), words, cues)
 
     def _offer(self, client: _Client, event: bytes, framed: bytes, now: int) -> None:
         transport = client.transport
@@ -270,6 +315,9 @@ class SSESink:
         Synchronous: everything published so far is already in the kernel, and every later
         tick goes to the worker after the hand-over message, so nothing is lost or reordered.
         """
+        if self._prepared is not None:  # the workers already hold the prepared tick: the
+            self._handoffs.append(client)  # client gets it from here, then moves (publish)
+            return
         links = [link for link in self._links if link.alive]
         transport = client.transport
         if (not links or client not in self._clients or not client.chunked or client.resync

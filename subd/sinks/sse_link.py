@@ -59,8 +59,10 @@ class WorkerLink:
         """Hand over a client socket; ``fd`` is a duplicate that this link closes once sent."""
         self._send(w.ADD + w.ID_NOW.pack(client_id, now_ns), fd)
 
-    def tick(self, now_ns: int, framed: bytes) -> None:
-        for msg in w.split_message(w.TICK, w.NOW.pack(now_ns), framed):
+    def tick(self, now_ns: int, framed: bytes, release_ns: int = 0) -> None:
+        """Tick event for the worker's clients, written at ``release_ns`` (time.monotonic_ns;
+        0: as soon as it arrives)."""
+        for msg in w.split_message(w.TICK, w.TICK_HEAD.pack(now_ns, release_ns), framed):
             self._send(msg)
 
     def full(self, framed: bytes) -> None:

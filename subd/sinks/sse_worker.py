@@ -16,14 +16,16 @@ is skipped forward (counted) and gets a full resync when it reads again; one sta
 policy is the same under a test's fake clock.
 
 Waking a sleeping process takes 0.2-0.4 ms on the development VM (the idle vCPU has to be
-scheduled again), more than half the fan-out budget. So, as the publisher does, a worker
-sleeps until ``SPIN_EARLY_NS`` before the next tick is expected (ticks are periodic: the
-median of recent intervals) and polls from there, at most ``SPIN_LATE_NS`` past it.
+scheduled again), more than half the fan-out budget. So the parent sends tick k ahead, at its
+look-ahead (``SSESink.prepare``, T(k) - 2 ms), with its release time T(k) on the monotonic
+clock: the worker sleeps until ``SPIN_EARLY_NS`` before it, polls from there, and writes at
+T(k) itself, at the same moment as the parent writes its own share. A tick sent without a
+release time (a plain ``publish``) is written as soon as it arrives.
 
 Messages on a SOCK_SEQPACKET pair, first byte the kind; a payload longer than ``PART_BYTES``
 is split, every part but the last sent as ``+`` messages::
 
-    parent -> worker  A add(id, now) + the socket   T tick(now) + chunk-framed delta
+    parent -> worker  A add(id, now) + the socket   T tick(now, release) + chunk-framed delta
                       F full: chunk-framed resync   H heartbeat(now)   R remove(id)   Q quit
     worker -> parent  G gone(id, dropped)   S stats(n_skipped, buffered_bytes, n_ready)
 """
@@ -33,24 +35,21 @@ from __future__ import annotations
 import os
 import selectors
 import socket
-import statistics
 import struct
 import sys
 import time
-from collections import deque
 from collections.abc import Callable
 
 PART_BYTES = 65536
 HEARTBEAT_FRAMED = b"6\r\n: hb\n\n\r\n"  # sse.chunk(sse.HEARTBEAT)
 NS_PER_MS = 1_000_000
-SPIN_EARLY_NS = 1_000_000  # poll from this long before the expected tick ...
-SPIN_LATE_NS = 2_000_000  # ... until this long after it (a late tick is then slept for)
-SPIN_PERIODS_NS = (5_000_000, 1_000_000_000)  # only spin for tick periods in this range
+SPIN_EARLY_NS = 1_000_000  # a held tick: sleep until this long before its release, then poll
 MORE = b"+"
 ADD, TICK, FULL, HEARTBEAT, REMOVE, QUIT = b"A", b"T", b"F", b"H", b"R", b"Q"
 GONE, STATS = b"G", b"S"
 ID_NOW = struct.Struct("<qq")  # client id, now_ns
 NOW = struct.Struct("<q")
+TICK_HEAD = struct.Struct("<qq")  # parent's now_ns, release time on time.monotonic_ns (0: now)
 GONE_MSG = struct.Struct("<cqB")  # kind, client id, 1 if dropped for not reading
 STATS_MSG = struct.Struct("<cqqq")  # kind, n_skipped, buffered_bytes, n_ready
 
@@ -94,8 +93,7 @@ class FanoutWorker:
         self._rx = bytearray(PART_BYTES + 64)
         self._parts = bytearray()
         self._now = 0  # the parent's clock at the latest tick
-        self._arrivals: deque[int] = deque(maxlen=6)  # monotonic arrival times of ticks
-        self._expect_ns: int | None = None  # when the next tick should arrive
+        self._held: tuple[int, bytes] | None = None  # (release_ns, tick body) not written yet
         self._reported: tuple[int, int, int] | None = None
         self._handlers: dict[bytes, Callable[[bytes, list[int]], None]] = {
             ADD: self._add, TICK: self._tick, FULL: self._full_state,
@@ -111,27 +109,24 @@ class FanoutWorker:
                         return
                 else:
                     self._flush(key.data)
+            if self._held is not None and \
+                    time.monotonic_ns() >= self._held[0] - SPIN_EARLY_NS:
+                self._release()
 
     def _timeout_s(self) -> float | None:
-        """Sleep until the spin window before the next tick, poll inside it, else block."""
-        if self._expect_ns is None:
+        """Block until a message comes; with a tick held, until its spin window opens."""
+        if self._held is None:
             return None
-        now = time.monotonic_ns()
-        if now < self._expect_ns - SPIN_EARLY_NS:
-            return (self._expect_ns - SPIN_EARLY_NS - now) / 1e9
-        if now < self._expect_ns + SPIN_LATE_NS:
-            return 0
-        self._expect_ns = None
-        return None
+        return max(0.0, (self._held[0] - SPIN_EARLY_NS - time.monotonic_ns()) / 1e9)
 
-    def _tick_arrived(self) -> None:
-        self._arrivals.append(time.monotonic_ns())
-        if len(self._arrivals) < 3:
-            return
-        arrivals = list(self._arrivals)
-        period = statistics.median(b - a for a, b in zip(arrivals, arrivals[1:], strict=False))
-        lo, hi = SPIN_PERIODS_NS
-        self._expect_ns = int(arrivals[-1] + period) if lo <= period <= hi else None
+    def _release(self) -> None:
+        """Spin to the held tick's release time, then write it."""
+        assert self._held is not None
+        release_ns, body = self._held
+        self._held = None
+        while time.monotonic_ns() < release_ns:
+            pass
+        self._write_tick(body)
 
     # -- control messages ---------------------------------------------------------------
 
@@ -151,6 +146,8 @@ class FanoutWorker:
                    if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS
                    for fd in struct.unpack(f"{len(data) // 4}i", data[: len(data) // 4 * 4])]
             if n == 0 or view[:1] == QUIT:
+                if self._held is not None:  # the last tick still goes out
+                    self._release()
                 return False
             kind = bytes(view[:1])
             if kind == MORE:
@@ -178,9 +175,17 @@ class FanoutWorker:
             self._close(conn, abort=False)
 
     def _tick(self, body: bytes, fds: list[int]) -> None:
-        self._tick_arrived()
-        (now,) = NOW.unpack_from(body)
-        framed = body[NOW.size :]
+        if self._held is not None:  # a newer tick came before the held one's time: order first
+            self._release()
+        (_, release_ns) = TICK_HEAD.unpack_from(body)
+        if release_ns > time.monotonic_ns():
+            self._held = (release_ns, body)
+        else:
+            self._write_tick(body)
+
+    def _write_tick(self, body: bytes) -> None:
+        (now, _) = TICK_HEAD.unpack_from(body)
+        framed = body[TICK_HEAD.size :]
         self._now = now
         size = len(framed)
         lagging, partial, failed = [], [], []
@@ -217,6 +222,8 @@ class FanoutWorker:
 
     def _full_state(self, body: bytes, fds: list[int]) -> None:
         # The resync for the latest tick, sent only while some client is ready for one.
+        if self._held is not None:  # its tick is written first: the order stays tick, resync
+            self._release()
         for conn in list(self.conns.values()):
             if conn.resync and len(conn.pending) <= self.limit:
                 conn.resync = False
