@@ -10,7 +10,8 @@
   ordered by events, so the next batch's upload and features overlap the current decode.
 
 Greedy results equal ``WhisperEngine.decode`` row by row (same rules, same loop guard); the
-sampled fallback uses the device's generator, so its samples differ from the CPU engine's.
+sampled fallback draws on the device (Philox in the fused selection on CUDA), so its samples
+differ from the CPU engine's.
 """
 
 from __future__ import annotations
@@ -124,6 +125,8 @@ class BatchedEngine:
     def encode(self, mel: torch.Tensor) -> torch.Tensor:
         """[B, n_mels, F] -> [B, F/2, D] in chunks of ``encoder_rows`` (on the encode stream)."""
         with self._on("encode", after="features"):
+            if self.cuda:  # made on the features stream: not to be reused before this reads it
+                mel.record_stream(self.streams["encode"])
             step = self.config.encoder_rows
             parts = [self.model.encoder(mel[i : i + step]) for i in range(0, mel.shape[0], step)]
             return torch.cat(parts) if len(parts) > 1 else parts[0]

@@ -9,6 +9,11 @@ and a row leaves as soon as it is done. A row that needs the temperature fallbac
 into its own slot (its audio keys/values are still there) at the next temperature, so one bad
 row delays no other row.
 
+A chunk steps every row up to the highest occupied slot (rounded up to a graph bucket), so
+when rows leave, the survivors above the bucket their number needs are moved down into free
+slots (their caches and state copied on the device): 20 stragglers of a 2048-row group are
+stepped as a 32-row batch, not as 2048 rows.
+
 The host never waits for the chunk it just queued: after queuing chunk k it reads the done
 flags and tokens of chunk k-1 (copied to pinned memory behind it), so the GPU always has work.
 Greedy rows give exactly ``BatchedEngine.decode``'s tokens (same buffers, rules and steps).
@@ -19,6 +24,7 @@ from __future__ import annotations
 import heapq
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from subd.models.batched import BatchedEngine, bucket
@@ -32,6 +38,7 @@ class Request:
     key: object  # the caller's handle, returned with the result
     previous: tuple[int, ...] | None = None  # text tokens before the window (the prompt)
     max_new_tokens: int | None = None  # this request's own cap (e.g. by its audio's length)
+    max_attempts: int | None = None  # fewer temperatures than the policy's (1: greedy only)
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,10 +46,12 @@ class Finished:
     key: object
     result: DecodeResult
     n_attempts: int  # 1 + fallback re-decodes
+    accepted: bool = True  # passed the fallback checks (or silent); False: attempts ran out
 
 
 @dataclass(slots=True)
 class _Slot:
+    index: int  # its row in the buffers (moves when the batch is compacted)
     request: Request
     attempt: int  # index into the policy's temperatures
     admitted_iter: int  # first iteration whose snapshot covers this attempt
@@ -63,6 +72,7 @@ class _Gathered:
         for name in self.READ:
             setattr(self, name, getattr(buf, name).index_select(0, ix))
         self.all_done = torch.zeros((), dtype=torch.bool, device=ix.device)
+        self.rng_seed = buf.rng_seed  # shared: gathered rows draw from the same counter
 
     def scatter_back(self, buf, ix: torch.Tensor) -> None:
         for name in self.WRITTEN:
@@ -91,11 +101,15 @@ class ContinuousDecoder:
                            nsp=torch.zeros(cap, dtype=torch.float32, pin_memory=pin),
                            tok=torch.zeros(cap, width, dtype=torch.long, pin_memory=pin))
                       for _ in range(2)]
-        self._pending: tuple[int, int, torch.cuda.Event | None] | None = None  # (iter, rows, ev)
+        # (iteration, rows, event, the slots' owners then): compaction may move rows between
+        # a snapshot and its harvest, so results are matched by owner, not by row
+        self._pending: tuple | None = None
         self.iteration = 0
         self.n_chunks = 0
         self.buf.done.fill_(True)  # unoccupied rows are stepped as finished rows
         self.active_row_steps = 0  # rows occupied x steps run (for the mean batch figure)
+        self.stepped_row_steps = 0  # rows stepped (the graph bucket) x steps
+        self.n_moved = 0  # rows moved down by compaction
 
     # ---- capacity ------------------------------------------------------------------------
     @property
@@ -106,11 +120,54 @@ class ContinuousDecoder:
     def n_busy(self) -> int:
         return len(self._slots) - len(self._free)
 
+    def _top(self) -> int:
+        return max((i for i, s in enumerate(self._slots) if s is not None), default=-1) + 1
+
     def _rows(self) -> int:
-        top = max((i for i, s in enumerate(self._slots) if s is not None), default=-1) + 1
+        top = self._top()
         if not self.engine.cuda or not top:
             return top
         return min(bucket(top, self.engine.config.row_buckets), self.engine.config.max_rows)
+
+    # ---- compaction ----------------------------------------------------------------------
+    PER_ROW = ("tokens_in", "plen", "max_new", "n_gen", "last_tok", "prev_tok", "last_stamp",
+               "done", "looped", "runs", "out_tok", "out_lp", "temperature")
+
+    def _compact(self) -> None:
+        """Move rows above the bucket that the busy count needs into free slots below it."""
+        eng, buf = self.engine, self.buf
+        busy, top = self.n_busy, self._top()
+        if not busy:
+            return
+        buckets = eng.config.row_buckets if eng.cuda else tuple(range(1, top + 1))
+        target = bucket(busy, buckets)
+        if bucket(top, buckets) <= target:
+            return
+        movers = [i for i in range(target, top) if self._slots[i] is not None]
+        holes = [i for i in range(target) if self._slots[i] is None][: len(movers)]
+        moves = torch.tensor([movers, holes], dtype=torch.long)
+        n_ctx = eng.model.dims.n_text_ctx
+        reach = max(self._slots[i].plen + self._slots[i].steps_queued + 1 for i in movers)
+        ctx = min(bucket(reach, eng.config.ctx_buckets), n_ctx)
+        t = self._n_audio
+        with torch.inference_mode(), eng._on("decode"):
+            src, dst = self._up(moves)
+            for name in self.PER_ROW:
+                x = getattr(buf, name)
+                x[dst] = x[src]
+            self.no_speech[dst] = self.no_speech[src]
+            for x, width in ((buf.self_k, ctx), (buf.self_v, ctx), (buf.cross_k, t),
+                             (buf.cross_v, t)):
+                x[:, dst, :, :width] = x[:, src, :, :width]
+            buf.done[src] = True  # vacated rows are stepped as finished rows
+        for a, b in zip(movers, holes, strict=True):
+            slot = self._slots[a]
+            slot.index, self._slots[b], self._slots[a] = b, slot, None
+        moved = dict(zip(movers, holes, strict=True))
+        self._retry = [moved.get(i, i) for i in self._retry]
+        self._free = [i for i, s in enumerate(self._slots) if s is None]
+        heapq.heapify(self._free)
+        self.n_moved += len(movers)
 
     # ---- admission -----------------------------------------------------------------------
     def admit(self, feats: torch.Tensor, requests: list[Request]) -> None:
@@ -123,7 +180,7 @@ class ContinuousDecoder:
             raise ValueError("every request of one decoder must have the same audio length")
         slots = [heapq.heappop(self._free) for _ in requests]
         for s, r in zip(slots, requests, strict=True):
-            self._slots[s] = _Slot(r, 0, self.iteration, 0, 0)
+            self._slots[s] = _Slot(s, r, 0, self.iteration, 0, 0)
         self._start(slots, feats)
 
     def _start(self, slots: list[int], feats: torch.Tensor | None) -> None:
@@ -147,27 +204,30 @@ class ContinuousDecoder:
             temps.append(t)
             built.append((prompt, sot))
         n, p_max = len(slots), max(len(p) for p, _ in built)
-        prompts = torch.full((n, p_max), eng.special.eot, dtype=torch.long)
-        plen, sot = torch.ones(n, dtype=torch.long), torch.zeros(n, dtype=torch.long)
-        for b, (p, s) in enumerate(built):
-            prompts[b, : len(p)] = torch.tensor(p)
-            plen[b], sot[b] = len(p), s
-        idx = torch.tensor(slots, dtype=torch.long)
-        max_new = torch.tensor([self._slots[s].max_new for s in slots], dtype=torch.long)
-        temp = torch.tensor(temps, dtype=torch.float32)
+        # one host block, one copy: slots, prompt lengths, sot positions, caps, prompts
+        packed = np.full((4 + p_max, n), eng.special.eot, dtype=np.int64)
+        packed[0] = slots
+        packed[1] = [len(p) for p, _ in built]
+        packed[2] = [s for _, s in built]
+        packed[3] = [self._slots[s].max_new for s in slots]
+        for b, (p, _) in enumerate(built):
+            packed[4 : 4 + len(p), b] = p
         with torch.inference_mode(), eng._on("decode", after="encode"):
-            ix = self._up(idx)
-            buf.plen[ix] = self._up(plen)
-            buf.max_new[ix] = self._up(max_new)
-            buf.temperature[ix] = self._up(temp)
+            if feats is not None and eng.cuda:  # made on the encode stream, read here (later)
+                feats.record_stream(eng.streams["decode"])
+            dev = self._up(torch.from_numpy(packed))
+            ix, plen, sot, max_new = dev[0], dev[1], dev[2], dev[3]
+            prompts = dev[4:].t()
+            buf.plen[ix] = plen
+            buf.max_new[ix] = max_new
+            buf.temperature[ix] = self._up(torch.tensor(temps, dtype=torch.float32))
             for name in ("n_gen", "last_tok", "prev_tok", "runs", "out_lp"):
                 getattr(buf, name)[ix] = 0
             buf.last_stamp[ix] = -1
             buf.done[ix] = False
             buf.looped[ix] = False
             shape = StepShape(n, self._n_audio, 0)
-            self.no_speech[ix] = prefill(eng.model.decoder, buf, self._up(prompts),
-                                         self._up(plen), self._up(sot), shape,
+            self.no_speech[ix] = prefill(eng.model.decoder, buf, prompts, plen, sot, shape,
                                          eng.special.no_speech, slots=ix, audio=feats)
             # the first token from the prefill's logits, chosen on the new rows alone (gathered,
             # so admitting a few rows costs the same in a batch of 8 or of 2048)
@@ -186,6 +246,7 @@ class ContinuousDecoder:
         """Queue one chunk of decode steps for every occupied slot; return the requests that the
         previous chunk finished (their slots are free for the next admission)."""
         eng = self.engine
+        self._compact()
         if self._retry:
             retry, self._retry = self._retry, []
             self._start(retry, None)
@@ -204,6 +265,7 @@ class ContinuousDecoder:
                     s.steps_queued += k
                 self.n_chunks += 1
                 self.active_row_steps += len(busy) * k
+                self.stepped_row_steps += rows * k
                 queued = self._snapshot(rows)
         eng._join("decode")
         done = self._harvest()
@@ -218,7 +280,7 @@ class ContinuousDecoder:
             out += self.iterate()
         return out
 
-    def _snapshot(self, rows: int) -> tuple[int, int, torch.cuda.Event | None]:
+    def _snapshot(self, rows: int) -> tuple:
         buf, snap = self.buf, self._snap[self.iteration % 2]
         for name, src in (("done", buf.done), ("looped", buf.looped), ("n_gen", buf.n_gen),
                           ("nsp", self.no_speech)):
@@ -229,21 +291,24 @@ class ContinuousDecoder:
         if self.engine.cuda:
             ev = torch.cuda.Event()
             ev.record(self.engine.streams["decode"])
-        return self.iteration, rows, ev
+        return self.iteration, rows, ev, tuple(self._slots[:rows])
 
     def _harvest(self) -> list[Finished]:
         if self._pending is None:
             return []
-        it, rows, ev = self._pending
+        it, rows, ev, owners = self._pending
         if ev is not None:
             ev.synchronize()
-        snap = self._snap[it % 2]
-        done = snap["done"][:rows].nonzero()[:, 0].tolist()
+        # numpy views of the pinned snapshot: element reads without torch's per-call overhead
+        snap = {k: v.numpy() for k, v in self._snap[it % 2].items()}
+        done = snap["done"][:rows].nonzero()[0].tolist()
         out: list[Finished] = []
         pol = self.policy
+        retrying = set(self._retry)
         for s in done:
-            slot = self._slots[s]
-            if slot is None or slot.admitted_iter > it or s in self._retry:
+            slot = owners[s]
+            if slot is None or self._slots[slot.index] is not slot or slot.admitted_iter > it \
+                    or slot.index in retrying:
                 continue  # a free slot, or a newer attempt than this snapshot shows
             n_gen = int(snap["n_gen"][s])
             res = self.engine._result(snap["tok"][s, :n_gen].tolist(), float(snap["lp"][s]),
@@ -253,11 +318,13 @@ class ContinuousDecoder:
                       and res.avg_logprob < pol.logprob_threshold)
             bad = (res.looped or res.compression_ratio > pol.compression_ratio_threshold
                    or res.avg_logprob < pol.logprob_threshold)
-            if bad and not silent and slot.attempt + 1 < len(pol.temperatures):
+            limit = min(len(pol.temperatures), slot.request.max_attempts or len(pol.temperatures))
+            if bad and not silent and slot.attempt + 1 < limit:
                 slot.attempt += 1
-                self._retry.append(s)
+                self._retry.append(slot.index)
+                retrying.add(slot.index)
                 continue
-            out.append(Finished(slot.request.key, res, slot.attempt + 1))
-            self._slots[s] = None
-            heapq.heappush(self._free, s)
+            out.append(Finished(slot.request.key, res, slot.attempt + 1, silent or not bad))
+            self._slots[slot.index] = None
+            heapq.heappush(self._free, slot.index)
         return out

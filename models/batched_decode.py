@@ -62,6 +62,7 @@ class DecodeBuffers:
         self.temperature = torch.zeros(max_rows, dtype=torch.float32, **z)  # 0: greedy row
         self.logits = torch.zeros(max_rows, d.n_vocab, dtype=torch.float32, **z)
         self.all_done = torch.zeros((), dtype=torch.bool, **z)
+        self.rng_seed = torch.zeros(1, dtype=torch.int32, **z)  # Philox key of sampled steps
         self.max_rows, self.max_audio, self.max_new_cap = max_rows, max_audio, max_new
 
 
@@ -121,10 +122,12 @@ class BatchRules:
         token_lp = logits.gather(1, token[:, None])[:, 0] - torch.logsumexp(logits, dim=-1)
         return token, token_lp
 
-    def _greedy_fused(self, logits: torch.Tensor, n_gen: torch.Tensor, last: torch.Tensor,
-                      prev: torch.Tensor, stamp: torch.Tensor
-                      ) -> tuple[torch.Tensor, torch.Tensor]:
-        """The same greedy choice in one pass over the logits (kernels/select_gpu.py)."""
+    def _fused(self, logits: torch.Tensor, n_gen: torch.Tensor, last: torch.Tensor,
+               prev: torch.Tensor, stamp: torch.Tensor, temperature: torch.Tensor | None = None,
+               seed: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """The same choice in one pass over the logits (kernels/select_gpu.py): greedy, or with
+        ``temperature`` [n] and a device ``seed``, sampled for the rows whose temperature > 0
+        (the draws come from Philox, not torch's generator)."""
         ts, n_vocab = self.sp.timestamp_begin, self.col.shape[0]
         first = n_gen == 0
         last_ts = ~first & (last >= ts)
@@ -134,8 +137,8 @@ class BatchRules:
         lo = torch.where(closed, n_vocab, torch.where(stamp >= 0, floor, ts))
         lo = torch.where(first, ts, lo)
         hi = torch.where(first, ts + self.max_init, n_vocab - 1)
-        return select_gpu.greedy_select(logits, self.suppress_u8, (~first & ~opening).byte(),
-                                        lo, hi, first.byte(), self.sp.eot, ts)
+        return select_gpu.select(logits, self.suppress_u8, (~first & ~opening).byte(), lo, hi,
+                                 first.byte(), self.sp.eot, ts, temperature, seed)
 
     def select(self, buf: DecodeBuffers, n: int, sample: bool,
                only: torch.Tensor | None = None) -> None:
@@ -149,8 +152,13 @@ class BatchRules:
         sp, ts = self.sp, self.sp.timestamp_begin
         n_gen, last, prev, stamp = buf.n_gen[:n], buf.last_tok[:n], buf.prev_tok[:n], \
             buf.last_stamp[:n]
-        if not sample and select_gpu.available(buf.logits):
-            token, token_lp = self._greedy_fused(buf.logits[:n], n_gen, last, prev, stamp)
+        if select_gpu.available(buf.logits):
+            temperature = seed = None
+            if sample:  # a new draw per step, also when a CUDA graph replays this
+                buf.rng_seed.add_(1)
+                temperature, seed = buf.temperature[:n], buf.rng_seed
+            token, token_lp = self._fused(buf.logits[:n], n_gen, last, prev, stamp,
+                                          temperature, seed)
         else:
             token, token_lp = self._choose(buf, n, sample, n_gen, last, prev, stamp)
         active = ~buf.done[:n]

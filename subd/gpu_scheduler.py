@@ -99,23 +99,31 @@ class GpuScheduler:
         self.max_round_ns = max_round_ns
         self.safety = safety  # predicted costs are inflated by this factor
         self._pending: dict[int, Update] = {}
+        self._n_first = 0  # pending updates of streams with no caption yet
         self.n_submitted = self.n_superseded = self.n_degraded = 0
 
     def submit(self, update: Update) -> Update | None:
         """Queue ``update``; returns the stream's older pending update it replaces, if any."""
         self.n_submitted += 1
         old = self._pending.get(update.stream_id)
-        self._pending[update.stream_id] = update
         if old is not None:
             self.n_superseded += 1
+            self._n_first -= old.first_caption
             # a stream's first caption stays urgent until one has actually been shown
             if old.first_caption and not update.first_caption:
-                self._pending[update.stream_id] = _with_first(update)
+                update = _with_first(update)
+        self._pending[update.stream_id] = update
+        self._n_first += update.first_caption
         return old
 
     @property
     def n_pending(self) -> int:
         return len(self._pending)
+
+    @property
+    def n_first_pending(self) -> int:
+        """Pending updates of streams that have shown no caption yet (the urgent ones)."""
+        return self._n_first
 
     def _predict(self, n_rows: int) -> int:
         return int(self.cost.predict_ns(n_rows) * self.safety)
@@ -151,6 +159,7 @@ class GpuScheduler:
                 tightest = limit
         for u in batch + degraded:
             del self._pending[u.stream_id]
+            self._n_first -= u.first_caption
         self.n_degraded += len(degraded)
         return Plan(tuple(batch), tuple(degraded), now_ns + predict(len(batch)))
 

@@ -85,10 +85,44 @@ def test_fused_greedy_choice_equals_the_torch_rules(engine):
     buf = type("Rows", (), {})()
     buf.logits, buf.temperature = logits.cuda(), torch.zeros(n, device="cuda")
     ref_tok, ref_lp = rules._choose(buf, n, False, n_gen, last, prev, stamp)
-    tok, lp = rules._greedy_fused(buf.logits, n_gen, last, prev, stamp)
+    tok, lp = rules._fused(buf.logits, n_gen, last, prev, stamp)
     assert torch.equal(tok, ref_tok)
     assert float((lp - ref_lp).abs().max()) < 1e-4
     assert int((tok >= ts).sum()) > n // 10 and int((tok < sp.eot).sum()) > n // 10
+    # a sampled row at a vanishing temperature makes the greedy choice (forcing rule included)
+    cold = torch.full((n,), 1e-6, device="cuda")
+    seed = torch.ones(1, dtype=torch.int32, device="cuda")
+    tok, lp = rules._fused(buf.logits, n_gen, last, prev, stamp, cold, seed)
+    assert torch.equal(tok, ref_tok)
+    assert float((lp - ref_lp).abs().max()) < 1e-4
+
+
+def test_fused_sampling_draws_from_the_softmax_and_greedy_rows_stay_greedy(engine):
+    from subd.models.batched_decode import BatchRules
+    from subd.models.decoding import DecodeOptions
+
+    sp, n_vocab = engine.tokenizer.special, engine.model.dims.n_vocab
+    rules = BatchRules(sp, DecodeOptions(), engine.loaded.suppress_tokens, n_vocab,
+                       torch.device("cuda"))
+    cols = (~rules.suppress[: sp.eot]).nonzero()[:3, 0]  # three allowed text tokens
+    n = 8192
+    logits = torch.full((n, n_vocab), -30.0, device="cuda")
+    logits[:, cols] = torch.tensor([2.0, 1.0, 0.0], device="cuda")
+    temperature = torch.where(torch.arange(n, device="cuda") < n // 2, 1.0, 0.0)
+    n_gen = torch.ones(n, dtype=torch.long, device="cuda")  # mid-text: no timestamp rule
+    last, stamp = cols[0].repeat(n), torch.full((n,), -1, device="cuda")
+    seed = torch.ones(1, dtype=torch.int32, device="cuda")
+    tok, lp = rules._fused(logits, n_gen, last, last, stamp, temperature, seed)
+    sampled, greedy = tok[: n // 2], tok[n // 2 :]
+    assert bool((greedy == cols[0]).all())
+    share = [float((sampled == c).float().mean()) for c in cols]
+    assert share == pytest.approx([0.665, 0.245, 0.090], abs=0.03)  # softmax([2, 1, 0])
+    ref_lp = logits[:1].log_softmax(-1)[0, cols]
+    for c, want in zip(cols, ref_lp, strict=True):
+        assert float((lp[tok == c] - want).abs().max()) < 1e-4
+    seed += 1  # the next step draws new numbers
+    again, _ = rules._fused(logits, n_gen, last, last, stamp, temperature, seed)
+    assert not torch.equal(again[: n // 2], sampled)
 
 
 def test_continuous_batching_with_graphs_gives_cpu_transcripts(engine, clips):

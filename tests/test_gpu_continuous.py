@@ -83,3 +83,30 @@ def test_a_row_that_fails_greedy_decoding_is_retried_in_its_own_slot(engine, cli
     assert sorted(f.key for f in out) == [0, 1]
     assert all(f.n_attempts == 2 and f.result.temperature == 0.2 for f in out)
     assert all(0 < len(f.result.tokens) <= 16 for f in out)
+
+
+def test_rows_moved_down_when_others_leave_still_decode_like_single_streams(engine, clips):
+    batched = BatchedEngine(engine.loaded, device="cpu",
+                            config=EngineConfig(max_rows=3, chunk_steps=4))
+    dec = ContinuousDecoder(batched, FallbackPolicy(), OPTIONS)
+    order = sorted(range(len(clips)), key=lambda i: len(clips[i]))
+    rows = [order[0], order[-1], order[-2]]  # the shortest leaves first: the others move down
+    dec.admit(_encode(batched, [clips[i] for i in rows]), [Request(i) for i in rows])
+    got = {f.key: f.result for f in dec.drain()}
+    assert dec.n_moved >= 1 and sorted(got) == sorted(rows) and dec.n_free == 3
+    for i in rows:
+        ref = engine.decode_with_fallback(engine.encode(engine.features(clips[i])), None,
+                                          options=OPTIONS)
+        assert got[i].tokens == ref.tokens
+
+
+def test_a_greedy_only_request_that_fails_the_checks_comes_back_unaccepted(engine, clips):
+    batched = BatchedEngine(engine.loaded, device="cpu",
+                            config=EngineConfig(max_rows=2, chunk_steps=8))
+    policy = FallbackPolicy(temperatures=(0.0, 0.2), logprob_threshold=0.0,
+                            no_speech_threshold=1.0, max_fallback_tokens=16)
+    dec = ContinuousDecoder(batched, policy, OPTIONS)
+    dec.admit(_encode(batched, clips[:2]), [Request(0, max_attempts=1), Request(1)])
+    out = {f.key: f for f in dec.drain()}
+    assert out[0].n_attempts == 1 and not out[0].accepted and out[0].result.temperature == 0.0
+    assert out[1].n_attempts == 2 and not out[1].accepted  # the last attempt fails too

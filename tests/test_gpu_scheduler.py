@@ -71,3 +71,13 @@ def test_cost_model_interpolates_measured_sizes_and_follows_live_rounds():
 def test_bad_row_limit_is_rejected():
     with pytest.raises(ValueError):
         GpuScheduler(CostModel(), 0)
+
+
+def test_pending_first_captions_are_counted_until_planned():
+    s = _sched(max_rows=1)
+    s.submit(Update(1, 0, 900 * MS, first_caption=True))
+    s.submit(Update(1, 5 * MS, 905 * MS, first_caption=False))  # stays urgent: no caption yet
+    s.submit(Update(2, 0, 950 * MS, first_caption=False))
+    assert s.n_first_pending == 1 and s.n_pending == 2
+    assert [u.stream_id for u in s.plan(0).batch] == [1]
+    assert s.n_first_pending == 0 and s.n_pending == 1

@@ -38,6 +38,8 @@ class SimConfig:
     # prompt (Whisper then skips or repeats it, and the fallback re-decodes): off by default
     prompt_tokens: int = 0
     admit_every_ms: int = 0  # continuous batching: least time between admissions (0: none)
+    # ... except for streams with no caption yet, admitted this often (0: at the next chunk)
+    first_admit_every_ms: int = 0
     first_budget_ms: int = 300  # time to first caption allowed after the first update is ready
     budget_ms: int = 1000  # an update's deadline after its audio is complete
     max_rows: int = 2048

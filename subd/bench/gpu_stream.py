@@ -100,21 +100,27 @@ class StreamServer:
         self.audio = StreamAudio(engine, library, n_streams, window_s)
         self.decoder = ContinuousDecoder(engine, policy, options)
 
-    def admit(self, ids, offsets, heard, prompts, keys) -> None:
+    def admit(self, ids, offsets, heard, prompts, keys, greedy_only=None) -> None:
+        """Start decoding the rows' windows. ``greedy_only[b]``: row b gets one greedy attempt
+        and no temperature fallback; a looped or repetitive result then has no text (a stream
+        with no caption yet retries with more audio sooner than a fallback chain would end)."""
         eng = self.engine
         win, length = self.audio.windows(ids, offsets, heard)
         # the front end and encoder see only bucketed batch sizes: every new size would cost a
         # new cuFFT plan and cuDNN convolution plan (milliseconds each) on the live path
         g = len(ids)
         pad = (bucket(g, eng.config.row_buckets) if eng.cuda else g) - g
-        if pad > 0:
-            win = self.torch.nn.functional.pad(win, (0, 0, 0, pad))
-            length = self.torch.nn.functional.pad(length, (0, pad))
+        if pad > 0:  # on the stream that wrote the windows (the default stream would not wait
+            # for it: the padded copy then read stale audio, 2026-11-30)
+            with self.torch.inference_mode(), eng._on("features"):
+                win = self.torch.nn.functional.pad(win, (0, 0, 0, pad))
+                length = self.torch.nn.functional.pad(length, (0, pad))
         feats = eng.encode(eng.features(win, length, self.n_frames))[:g]
         seconds = np.minimum(heard, self.audio.window) / SAMPLE_RATE_HZ
+        once = greedy_only if greedy_only is not None else [False] * g
         self.decoder.admit(feats, [
-            Request(k, tuple(p) if p else None, tokens_for(s))
-            for k, p, s in zip(keys, prompts, seconds, strict=True)])
+            Request(k, tuple(p) if p else None, tokens_for(s), 1 if o else None)
+            for k, p, s, o in zip(keys, prompts, seconds, once, strict=True)])
 
     def iterate(self) -> list[tuple[object, str, list[int]]]:
         eng, pol = self.engine, self.policy
@@ -124,7 +130,14 @@ class StreamServer:
             r = f.result
             silent = (r.no_speech_prob > pol.no_speech_threshold
                       and r.avg_logprob < pol.logprob_threshold)
-            out.append((f.key, "" if silent else eng.text(r), r.text_tokens(ts)))
+            # a greedy-only row (live decoding is greedy, as subd/streaming.py decodes) shows
+            # nothing if it looped or repeats itself; a low average log-probability alone, which
+            # most 1 s windows have, does not hide it (2026-11-30: hiding those sent 40 % of
+            # first captions to a second update). A full fallback chain shows its last attempt.
+            capped = not f.accepted and f.n_attempts < len(pol.temperatures)
+            junk = r.looped or r.compression_ratio > pol.compression_ratio_threshold
+            text = "" if silent or (capped and junk) else eng.text(r)
+            out.append((f.key, text, r.text_tokens(ts)))
         return out
 
     def run_round(self, ids, offsets, heard, prompts):
@@ -160,14 +173,18 @@ def _run(cfg: SimConfig, n_library: int, server: StreamServer, cost: CostModel,
          clock_ns: Callable[[], int], util: UtilSampler) -> SimResult:
     rng, n, start_ns, offset, next_ready, seq, shown, prompts, end_ns = arrivals(
         cfg, n_library, clock_ns)
-    # an admitted group's median latency (admission to result) is what the cost model learns
+    # the cost model keeps its calibration (a group's latency alone, by size): once rows share
+    # the GPU with the groups in flight, a group's latency says how loaded the GPU is, not what
+    # its size costs, and learning it as a size cost made the scheduler degrade updates that
+    # would have been served (N=1000: 7701 degraded, 2026-11-30)
     sched = GpuScheduler(cost, cfg.max_rows, max_round_ns=cfg.first_budget_ms * NS_PER_MS // 2)
-    groups: dict[int, list] = {}  # id -> [plan, admitted_ns, latencies of its results so far]
+    attempts = np.zeros(n, dtype=np.int64)  # first-caption updates a stream needed
+    in_flight = np.zeros(n, dtype=bool)  # a first-caption update is admitted or pending
     ttfc, upd, samples = [], [], []
     n_updates = n_misses = n_groups = 0
     busy_ns = 0
     dec = server.decoder
-    chunks0, steps0 = dec.n_chunks, dec.active_row_steps
+    chunks0, steps0, stepped0 = dec.n_chunks, dec.active_row_steps, dec.stepped_row_steps
     last_admit = 0
     spent = [0, 0, 0]  # ns in: scheduling, admission (upload, encoder, prefill), step+harvest
     wall0 = last = clock_ns()
@@ -175,7 +192,13 @@ def _run(cfg: SimConfig, n_library: int, server: StreamServer, cost: CostModel,
         if dec.n_busy:
             busy_ns += now - last
         last = now
-        for s in np.nonzero(next_ready <= now)[0]:
+        # a stream with no caption yet retries only once its update in flight has come back
+        # empty (else a slow first update would draw a new one every first_retry_ms)
+        for s in np.nonzero((next_ready <= now) & ~in_flight)[0]:
+            if not shown[s]:
+                late = (now - next_ready[s]) // (cfg.first_retry_ms * NS_PER_MS)
+                next_ready[s] += late * cfg.first_retry_ms * NS_PER_MS
+                in_flight[s] = True
             ready = int(next_ready[s])
             budget = cfg.budget_ms if shown[s] else cfg.first_budget_ms
             sched.submit(Update(int(s), ready, ready + budget * NS_PER_MS, not shown[s],
@@ -183,18 +206,22 @@ def _run(cfg: SimConfig, n_library: int, server: StreamServer, cost: CostModel,
             seq[s] += 1
             next_ready[s] += (cfg.update_ms if shown[s] else cfg.first_retry_ms) * NS_PER_MS
         # each admission costs the host a few hundred kernel launches whatever its size, so
-        # with --admit-every-ms updates gather for a while, unless the GPU has nothing to do
-        due = not dec.n_busy or now - last_admit >= cfg.admit_every_ms * NS_PER_MS
+        # with --admit-every-ms updates gather for a while, unless the GPU has nothing to do;
+        # streams with no caption yet wait at most --first-admit-every-ms
+        gap = now - last_admit
+        due = (not dec.n_busy or gap >= cfg.admit_every_ms * NS_PER_MS
+               or (sched.n_first_pending > 0 and gap >= cfg.first_admit_every_ms * NS_PER_MS))
         plan = sched.plan(now, limit=dec.n_free) if due else _EMPTY
         t_plan = clock_ns()
         spent[0] += t_plan - now
+        for u in plan.degraded:
+            in_flight[u.stream_id] = False
         if plan.batch:
             ids = np.array([u.stream_id for u in plan.batch])
             ready = np.array([u.ready_ns for u in plan.batch], dtype=np.int64)
             heard = (ready - start_ns[ids]) * SAMPLE_RATE_HZ // 10**9
             server.admit(ids, offset[ids], heard, [prompts[s] for s in ids],
-                         [(u, n_groups) for u in plan.batch])
-            groups[n_groups] = [plan, now, []]
+                         list(plan.batch), [u.first_caption for u in plan.batch])
             last_admit = now
             n_groups += 1
         t_admit = clock_ns()
@@ -202,14 +229,11 @@ def _run(cfg: SimConfig, n_library: int, server: StreamServer, cost: CostModel,
         t_end = clock_ns()
         spent[1] += t_admit - t_plan
         spent[2] += t_end - t_admit
-        for (u, gid), text, toks in finished:
+        for u, text, toks in finished:
             n_updates += 1
             n_misses += t_end > u.deadline_ns
-            g = groups[gid]
-            g[2].append(t_end - g[1])
-            if len(g[2]) == len(g[0].batch):  # the group's typical latency trains the model
-                sched.done(g[0], int(np.median(g[2])))
-                del groups[gid]
+            attempts[u.stream_id] += not shown[u.stream_id]
+            in_flight[u.stream_id] = False
             if cfg.prompt_tokens > 0:
                 prompts[u.stream_id] = toks[-cfg.prompt_tokens :] or prompts[u.stream_id]
             if not shown[u.stream_id] and text:
@@ -219,7 +243,7 @@ def _run(cfg: SimConfig, n_library: int, server: StreamServer, cost: CostModel,
                 ttfc.append((t_end - first_ready) / NS_PER_MS)
             elif u.seq > 0 and shown[u.stream_id]:
                 upd.append((t_end - u.ready_ns) / NS_PER_MS)
-            if text and len(samples) < 3 and u.seq >= 3:
+            if text and len(samples) < 3 and not u.first_caption:  # a full window
                 samples.append(text)
         if not plan.batch and not dec.n_busy and not finished:
             time.sleep(0.0005)
@@ -232,6 +256,9 @@ def _run(cfg: SimConfig, n_library: int, server: StreamServer, cost: CostModel,
         busy_pct=100.0 * busy_ns / max(wall, 1),
         mean_batch=(dec.active_row_steps - steps0) / max(steps, 1),
         sample_texts=tuple(samples),
-        host_note="loop time: " + ", ".join(
+        host_note=f"rows stepped per step {(dec.stepped_row_steps - stepped0) / max(steps, 1):.1f}"
+        f" (compaction), {n_groups} admissions; first caption: p50 {np.median(ttfc or [0]):.0f}"
+        f" ms, {np.mean(attempts[shown] > 1) * 100 if shown.any() else 0:.1f}% of streams "
+        "needed more than one update; loop time: " + ", ".join(
             f"{name} {100 * x / max(wall, 1):.0f}%" for name, x in
             zip(("scheduling", "admission", "decode chunk + results"), spent, strict=True)))
