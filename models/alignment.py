@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from subd.models.tokenizer import WhisperTokenizer
-from subd.models.whisper import TextDecoder
+from subd.models.whisper import KVCache, TextDecoder
 
 FRAMES_PER_TOKEN_S = 0.02  # one encoder output frame = 20 ms
 MEDIAN_FILTER_WIDTH = 7
@@ -81,17 +81,32 @@ def align_words(
     text_tokens: list[int],
     n_audio_frames: int,  # frames of real audio in the window (10 ms units)
     alignment_heads: tuple[tuple[int, int], ...],
+    n_known_tokens: int = 0,
+    cross_from: KVCache | None = None,
 ) -> list[WordTiming]:
+    """Word timings for ``text_tokens``. The words made of the first ``n_known_tokens`` tokens
+    (a forced prefix, timed by an earlier window) still anchor the alignment but are not
+    returned, and their tokens are not projected onto the vocabulary (the costly part).
+    ``cross_from``: a cache for the same audio whose cross-attention keys/values are reused."""
     if not text_tokens:
         return []
     sp = tokenizer.special
     tokens = [*sot_sequence, sp.no_timestamps, *text_tokens, sp.eot]
-    cache = decoder.new_cache(audio_features)
+    known = min(max(0, n_known_tokens), len(text_tokens))
+    cache = decoder.new_cache(audio_features, cross_from=cross_from)
+    # row len(sot) + j predicts text token j
+    rows = tuple(range(len(sot_sequence) + known, len(sot_sequence) + len(text_tokens)))
     logits, qks = decoder(
-        torch.tensor([tokens], device=audio_features.device), cache, return_cross_qk=alignment_heads
+        torch.tensor([tokens], device=audio_features.device),
+        cache,
+        return_cross_qk=alignment_heads,
+        logit_rows=rows,
     )
-    probs = torch.softmax(logits[0, len(sot_sequence) : -1].float(), dim=-1)  # [n_text+1, V]
-    token_probs = probs[torch.arange(len(text_tokens)), torch.tensor(text_tokens)].cpu().numpy()
+    token_probs = np.full(len(text_tokens), np.nan)
+    if rows:
+        probs = torch.softmax(logits[0].float(), dim=-1)  # [n_text - known, V]
+        wanted = torch.tensor(text_tokens[known:])
+        token_probs[known:] = probs[torch.arange(len(rows)), wanted].cpu().numpy()
     n_frames = max(1, min(n_audio_frames // 2, audio_features.shape[1]))
     weights = torch.stack([qk[0, :, :n_frames] for qk in qks]).float().cpu()  # [heads, L, F]
     weights = weights.softmax(dim=-1)
@@ -112,16 +127,20 @@ def align_words(
     out: list[WordTiming] = []
     for k, (word, toks) in enumerate(zip(words[:-1], word_tokens[:-1], strict=True)):
         lo, hi = boundaries[k], boundaries[k + 1]
+        new = token_probs[max(lo, known) : hi]  # a word may straddle the prefix's end
         out.append(
             WordTiming(
                 text=word,
                 tokens=tuple(toks),
                 start_s=float(starts[k]),
                 end_s=float(ends[k]),
-                probability=float(np.mean(token_probs[lo:hi])),
+                probability=float(np.mean(new)) if new.size else float("nan"),
             )
         )
-    return _tidy_durations(out)
+    # durations are tidied over all words (the median includes the prefix), then the known
+    # words are left out
+    n_known_words = int(np.searchsorted(boundaries[1:], known, side="right"))
+    return _tidy_durations(out)[n_known_words:]
 
 
 def _tidy_durations(words: list[WordTiming]) -> list[WordTiming]:

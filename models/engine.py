@@ -18,6 +18,7 @@ from subd.kernels.mel import WINDOW_FRAMES, log_mel, pad_or_trim_frames
 from subd.models.alignment import WordTiming, align_words
 from subd.models.decoding import DecodeOptions, DecodeResult, decode_window
 from subd.models.loading import LoadedModel, load_model
+from subd.models.whisper import KVCache
 
 SAMPLE_RATE_HZ = 16_000
 WINDOW_SAMPLES = 30 * SAMPLE_RATE_HZ
@@ -42,6 +43,7 @@ class WindowResult:
     decode: DecodeResult
     words: tuple[WordTiming, ...]  # times relative to the window start
     is_speech: bool
+    prefix_used: bool = False  # words start after the forced prefix (see transcribe_window)
 
 
 class WhisperEngine:
@@ -81,6 +83,11 @@ class WhisperEngine:
         """mel [n_mels, ≤n_frames] -> audio features [1, n_frames/2, D] (zero-padded window)."""
         return self.model.encoder(pad_or_trim_frames(mel, n_frames)[None])
 
+    @torch.inference_mode()
+    def cross_cache(self, audio_features: torch.Tensor) -> KVCache:
+        """The decoder's cross-attention keys/values for ``audio_features`` [1, T, D]."""
+        return self.model.decoder.new_cache(audio_features)
+
     def build_prompt(self, previous_tokens: list[int] | None) -> tuple[list[int], int]:
         prompt: list[int] = []
         if previous_tokens:
@@ -93,6 +100,7 @@ class WhisperEngine:
         previous_tokens: list[int] | None,
         options: DecodeOptions,
         prefix: tuple[int, ...] = (),
+        cross_from: KVCache | None = None,
     ) -> DecodeResult:
         prompt, sot_index = self.build_prompt(previous_tokens)
         opts = replace(
@@ -100,7 +108,8 @@ class WhisperEngine:
         )
         with _threads(self.decoder_threads):
             return decode_window(
-                self.model.decoder, audio_features, prompt, sot_index, self.tokenizer, opts, prefix
+                self.model.decoder, audio_features, prompt, sot_index, self.tokenizer, opts,
+                prefix, cross_from,
             )
 
     def decode_with_fallback(
@@ -110,6 +119,7 @@ class WhisperEngine:
         policy: FallbackPolicy = DEFAULT_POLICY,
         options: DecodeOptions = DEFAULT_OPTIONS,
         prefix: tuple[int, ...] = (),
+        cross_from: KVCache | None = None,
     ) -> DecodeResult:
         """Greedy first; on a loop, too-compressible text or low log-prob, retry warmer (capped)."""
         result = None
@@ -120,7 +130,8 @@ class WhisperEngine:
                     opts, max_new_tokens=min(opts.max_new_tokens, policy.max_fallback_tokens)
                 )
             result = self.decode(
-                audio_features, previous_tokens if temperature <= 0.5 else None, opts, prefix
+                audio_features, previous_tokens if temperature <= 0.5 else None, opts, prefix,
+                cross_from,
             )
             if (
                 result.no_speech_prob > policy.no_speech_threshold
@@ -144,8 +155,14 @@ class WhisperEngine:
         )
 
     def align(
-        self, audio_features: torch.Tensor, text_tokens: list[int], n_audio_frames: int
+        self,
+        audio_features: torch.Tensor,
+        text_tokens: list[int],
+        n_audio_frames: int,
+        n_known_tokens: int = 0,
+        cross_from: KVCache | None = None,
     ) -> list[WordTiming]:
+        """Word timings; words of the first ``n_known_tokens`` tokens are left out."""
         with _threads(self.decoder_threads):
             return align_words(
                 self.model.decoder,
@@ -155,6 +172,8 @@ class WhisperEngine:
                 text_tokens,
                 n_audio_frames,
                 self.loaded.alignment_heads,
+                n_known_tokens,
+                cross_from,
             )
 
     def transcribe_window(
@@ -164,20 +183,33 @@ class WhisperEngine:
         policy: FallbackPolicy = DEFAULT_POLICY,
         options: DecodeOptions = DEFAULT_OPTIONS,
         prefix: tuple[int, ...] = (),
+        retry_without_prefix: bool = False,
     ) -> WindowResult:
         """Transcribe ≤ 30 s of audio; word times are relative to the window's first sample.
 
-        ``prefix`` forces the start of the transcript (see ``decode_window``)."""
+        ``prefix`` forces the start of the transcript (see ``decode_window``); its words were
+        timed by an earlier window, so ``words`` holds only the words decoded after it. A prefix
+        that ends a sentence can make Whisper end the transcript there, new speech or not: with
+        ``retry_without_prefix``, a decode that adds nothing to the prefix is redone without it
+        (same encoder output), and ``words`` then holds every word (``prefix_used`` False)."""
         audio = audio[:WINDOW_SAMPLES]
         mel = self.features(audio)
         n_frames = min(mel.shape[-1] - 1, WINDOW_FRAMES)
         feats = self.encode(mel)
-        result = self.decode_with_fallback(feats, previous_tokens, policy, options, prefix)
+        cross = self.cross_cache(feats)  # shared by every decode and the alignment below
+        ts = self.tokenizer.special.timestamp_begin
+        n_prefix = sum(1 for t in prefix if t < ts)
+        result = self.decode_with_fallback(feats, previous_tokens, policy, options, prefix, cross)
+        if prefix and retry_without_prefix and len(result.text_tokens(ts)) <= n_prefix:
+            result = self.decode_with_fallback(
+                feats, previous_tokens, policy, options, cross_from=cross
+            )
+            prefix, n_prefix = (), 0
         if self.is_silent(result, policy):
-            return WindowResult(result, (), False)
-        text = result.text_tokens(self.tokenizer.special.timestamp_begin)
-        words = self.align(feats, text, n_frames)
-        return WindowResult(result, tuple(words), True)
+            return WindowResult(result, (), False, bool(prefix))
+        text = result.text_tokens(ts)
+        words = self.align(feats, text, n_frames, n_prefix, cross)
+        return WindowResult(result, tuple(words), True, bool(prefix))
 
 
 @contextlib.contextmanager

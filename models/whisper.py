@@ -150,9 +150,19 @@ class TextDecoder(nn.Module):
         causal = torch.full((dims.n_text_ctx, dims.n_text_ctx), float("-inf")).triu_(1)
         self.register_buffer("causal_mask", causal, persistent=False)
 
-    def new_cache(self, audio: torch.Tensor) -> KVCache:
-        """Allocate a cache for ``audio`` [B, T, D] and fill its cross-attention keys/values."""
+    def new_cache(self, audio: torch.Tensor, *, cross_from: KVCache | None = None) -> KVCache:
+        """Allocate a cache for ``audio`` [B, T, D] and fill its cross-attention keys/values.
+
+        ``cross_from``: a cache made for the same ``audio``; its cross-attention keys/values
+        (read only after they are filled) are shared instead of computed again, which costs as
+        much as a 60-token prompt pass on a 30 s window."""
         b, t, _ = audio.shape
+        if cross_from is not None:
+            if cross_from.cross_k.shape[1:4:2] != (b, t):
+                raise ValueError("cross_from was made for other audio")
+            cache = KVCache(self.dims, b, 0, audio.dtype, audio.device)
+            cache.cross_k, cache.cross_v = cross_from.cross_k, cross_from.cross_v
+            return cache
         cache = KVCache(self.dims, b, t, audio.dtype, audio.device)
         for i, block in enumerate(self.blocks):
             ca = block.cross_attn
@@ -166,11 +176,15 @@ class TextDecoder(nn.Module):
         cache: KVCache,
         *,
         return_cross_qk: tuple[tuple[int, int], ...] = (),
+        logit_rows: tuple[int, ...] | None = None,
     ) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """Run ``tokens`` [B, L] after the ``cache.length`` tokens already cached.
 
         Returns logits [B, L, V] (float32) and, for each (layer, head) in ``return_cross_qk``,
-        scaled cross-attention logits [B, L, T] used for word alignment.
+        scaled cross-attention logits [B, L, T] used for word alignment. ``logit_rows`` (indices
+        into L, negative from the end) limits the logits to those rows, [B, len(rows), V]: the
+        vocabulary projection is the costliest part of a prompt pass, and a decode reads only
+        the start-of-transcript row (no-speech probability) and the last one.
         """
         offset = cache.length
         n = tokens.shape[1]
@@ -195,6 +209,8 @@ class TextDecoder(nn.Module):
                 qk_by_layer[i] = ca.qk_logits(q, cache.cross_k[i])  # [B,H,L,T]
             x = x + block.mlp(block.mlp_ln(x))
         cache.length = offset + n
+        if logit_rows is not None:
+            x = x[:, list(logit_rows)]
         x = self.ln(x)
         logits = self.output(x).float()
         cross = [qk_by_layer[layer][:, head] for layer, head in return_cross_qk]

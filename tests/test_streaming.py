@@ -104,3 +104,76 @@ def test_hours_of_silence_cost_no_decodes(int8_engine):
 def test_config_is_validated():
     with pytest.raises(ConfigError, match=r"\[recognizer\] max_window_ms"):
         StreamingConfig(max_window_ms=40000)
+
+
+class _ScriptedEngine:
+    """Stands in for Whisper: decode i returns ``scripts[i]`` (the last one from then on), as
+    (text, start_s, end_s, probability) relative to the window start."""
+
+    def __init__(self, *scripts: list[tuple[str, float, float, float]]):
+        self.scripts = scripts
+        self.n_calls = 0
+        self.tokenizer = None
+
+    def transcribe_window(self, audio, prompt=None, policy=None, prefix=(), **_):
+        from subd.models.alignment import WordTiming
+        from subd.models.engine import WindowResult
+
+        script = self.scripts[min(self.n_calls, len(self.scripts) - 1)]
+        self.n_calls += 1
+        timed = tuple(WordTiming(" " + w, (), start, end, p) for w, start, end, p in script)
+        return WindowResult(decode=None, words=timed, is_speech=True)
+
+
+def _voiced(audio: np.ndarray, n_frames: int, n_voiced: int = 5) -> np.ndarray:
+    """``n_frames`` × 30 ms of ``audio`` whose last ``n_voiced`` frames the VAD calls speech."""
+    from subd.vad import FRAME_SAMPLES, VoiceActivityDetector
+
+    mask = VoiceActivityDetector().speech_mask(audio)
+    for i in range(n_frames - n_voiced, len(mask) - n_voiced):
+        if mask[i : i + n_voiced].all():
+            end = i + n_voiced
+            return audio[(end - n_frames) * FRAME_SAMPLES : end * FRAME_SAMPLES]
+    raise AssertionError("no voiced stretch")
+
+
+def _settled_s(words, audio: np.ndarray) -> float:
+    rec = StreamingRecognizer(engine=_ScriptedEngine(words), confident_min_probability=1.0)
+    rec.accept(AudioChunk(0, audio))
+    return rec.update().audio_end_ns / 1e9
+
+
+def test_settled_end_stops_at_speech_not_yet_transcribed(speech_clips):
+    """The gap after the last recognised word is a pause only up to where speech starts again:
+    a word onset of 150 ms at the end of the audio is not silence (the tagger would end a
+    sentence there)."""
+    clip = load_audio(speech_clips[0].path)
+    speech = _voiced(clip, 50)  # 1.5 s, the "word"
+    onset = _voiced(clip[SAMPLE_RATE_HZ * 3 :], 5)  # 150 ms of the next word
+    gap = np.zeros(SAMPLE_RATE_HZ * 8 // 10, np.float32)
+    words = [("word", 0.0, 1.5, 0.99)]
+    silent_s = _settled_s(words, np.concatenate([speech, gap, gap]))
+    assert silent_s == pytest.approx(3.1, abs=0.01)  # only silence after the word: all settled
+    onset_s = _settled_s(words, np.concatenate([speech, gap, onset]))
+    assert 1.5 <= onset_s <= 2.3 + 0.01  # up to the onset, not the 2.45 s audio end
+
+
+def test_settled_end_is_not_held_back_by_the_last_words_own_end(speech_clips):
+    """A word's aligned end is often early: its last 100 ms of sound is no new speech."""
+    clip = load_audio(speech_clips[0].path)
+    speech = _voiced(clip, 50)
+    gap = np.zeros(SAMPLE_RATE_HZ, np.float32)
+    words = [("word", 0.0, 1.4, 0.99)]  # 100 ms before the speech ends
+    assert _settled_s(words, np.concatenate([speech, gap])) == pytest.approx(2.5, abs=0.01)
+
+
+def test_finish_commits_the_last_word_once(speech_clips):
+    """At the end of the stream the final decode and the last hypothesis hold the same word
+    with slightly different times: it is committed once ("news", not "news news")."""
+    audio = _voiced(load_audio(speech_clips[0].path), 67)  # 2 s
+    hyp = [("local", 0.5, 1.0, 0.5), ("news.", 1.0, 1.6, 0.5)]
+    final = [("local", 0.5, 1.0, 0.5), ("news.", 1.0, 1.55, 0.5)]
+    rec = StreamingRecognizer(engine=_ScriptedEngine(hyp, final), confident_min_probability=1.0)
+    rec.accept(AudioChunk(0, audio))
+    assert rec.update().committed == ()
+    assert [w.text for w in rec.finish().committed] == ["local", "news."]
