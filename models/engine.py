@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import os
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -183,14 +184,15 @@ class WhisperEngine:
         policy: FallbackPolicy = DEFAULT_POLICY,
         options: DecodeOptions = DEFAULT_OPTIONS,
         prefix: tuple[int, ...] = (),
-        retry_without_prefix: bool = False,
+        retry_without_prefix: Callable[[], bool] | None = None,
     ) -> WindowResult:
         """Transcribe ≤ 30 s of audio; word times are relative to the window's first sample.
 
         ``prefix`` forces the start of the transcript (see ``decode_window``); its words were
         timed by an earlier window, so ``words`` holds only the words decoded after it. A prefix
         that ends a sentence can make Whisper end the transcript there, new speech or not: with
-        ``retry_without_prefix``, a decode that adds nothing to the prefix is redone without it
+        ``retry_without_prefix`` (asked only when the decode added nothing to the prefix, and
+        saying whether there is speech to transcribe), the decode is redone without the prefix
         (same encoder output), and ``words`` then holds every word (``prefix_used`` False)."""
         audio = audio[:WINDOW_SAMPLES]
         mel = self.features(audio)
@@ -200,7 +202,8 @@ class WhisperEngine:
         ts = self.tokenizer.special.timestamp_begin
         n_prefix = sum(1 for t in prefix if t < ts)
         result = self.decode_with_fallback(feats, previous_tokens, policy, options, prefix, cross)
-        if prefix and retry_without_prefix and len(result.text_tokens(ts)) <= n_prefix:
+        if prefix and retry_without_prefix is not None and \
+                len(result.text_tokens(ts)) <= n_prefix and retry_without_prefix():
             result = self.decode_with_fallback(
                 feats, previous_tokens, policy, options, cross_from=cross
             )

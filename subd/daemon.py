@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import functools
-import gc
 import logging
 import time
 from contextlib import AsyncExitStack
@@ -200,7 +199,6 @@ class Daemon:
                 self.notifier.ready(self.status_line())
                 housekeeping = asyncio.create_task(self._housekeeping(), name="housekeeping")
                 stack.callback(housekeeping.cancel)
-                gc.freeze()  # start-up objects leave the collector's view: shorter GC pauses
                 await self._wait_channels()
         finally:
             self._finished.set()

@@ -192,7 +192,7 @@ class StreamingRecognizer:
         policy = GREEDY_POLICY if not self.config.temperature_fallback else DEFAULT_POLICY
         result = self.engine.transcribe_window(
             window, prompt, policy, prefix=prefix,
-            retry_without_prefix=bool(prefix) and self._speech_after_commit_point(),
+            retry_without_prefix=self._speech_after_commit_point,  # asked only if needed
         )
         self.n_decodes += 1
         offset_ns = samples_to_ns(st.window_start)

@@ -70,14 +70,18 @@ def test_a_freed_slot_takes_a_new_stream_and_a_full_batch_refuses_more(engine, c
         assert f.result.tokens == ref.tokens
 
 
-def test_a_row_that_fails_greedy_decoding_is_retried_in_its_own_slot(engine, clips):
+def _failing_decoder(engine) -> tuple[BatchedEngine, ContinuousDecoder]:
+    """Two rows; an impossible log-probability threshold makes every greedy result "bad": each
+    row is re-decoded at the next temperature, and the last attempt is returned."""
     batched = BatchedEngine(engine.loaded, device="cpu",
                             config=EngineConfig(max_rows=2, chunk_steps=8))
-    # an impossible log-probability threshold makes every greedy result "bad": each row is
-    # re-decoded at the next temperature, the last attempt is returned
     policy = FallbackPolicy(temperatures=(0.0, 0.2), logprob_threshold=0.0,
                             no_speech_threshold=1.0, max_fallback_tokens=16)
-    dec = ContinuousDecoder(batched, policy, OPTIONS)
+    return batched, ContinuousDecoder(batched, policy, OPTIONS)
+
+
+def test_a_row_that_fails_greedy_decoding_is_retried_in_its_own_slot(engine, clips):
+    batched, dec = _failing_decoder(engine)
     dec.admit(_encode(batched, clips[:2]), [Request(0), Request(1)])
     out = dec.drain()
     assert sorted(f.key for f in out) == [0, 1]
@@ -101,11 +105,7 @@ def test_rows_moved_down_when_others_leave_still_decode_like_single_streams(engi
 
 
 def test_a_greedy_only_request_that_fails_the_checks_comes_back_unaccepted(engine, clips):
-    batched = BatchedEngine(engine.loaded, device="cpu",
-                            config=EngineConfig(max_rows=2, chunk_steps=8))
-    policy = FallbackPolicy(temperatures=(0.0, 0.2), logprob_threshold=0.0,
-                            no_speech_threshold=1.0, max_fallback_tokens=16)
-    dec = ContinuousDecoder(batched, policy, OPTIONS)
+    batched, dec = _failing_decoder(engine)
     dec.admit(_encode(batched, clips[:2]), [Request(0, max_attempts=1), Request(1)])
     out = {f.key: f for f in dec.drain()}
     assert out[0].n_attempts == 1 and not out[0].accepted and out[0].result.temperature == 0.0
