@@ -37,6 +37,34 @@ class FallbackPolicy:
 
 DEFAULT_POLICY = FallbackPolicy()
 DEFAULT_OPTIONS = DecodeOptions()
+MEL_FRAMES_PER_S = 100
+
+
+@dataclass(frozen=True, slots=True)
+class EncoderSpan:
+    """How much of Whisper's 30 s input the encoder runs over (whisper.cpp calls it audio_ctx).
+
+    Whisper was trained on 30 s windows, zero-padded; the encoder's cost grows with the frames it
+    sees, padding included (tiny.en, one core: ~255 ms for 30 s). A live window holds a few
+    seconds of audio, so the live recogniser encodes only the audio plus ``pad_ms`` of padding,
+    rounded up to ``bucket_ms`` so few shapes recur. The padding is what keeps the model on
+    familiar ground at the audio's end: with none, the last words come out worse. ``pad_ms`` 0
+    (``FULL_SPAN``) encodes the whole 30 s, as offline transcription does.
+    """
+
+    pad_ms: int = 0
+    bucket_ms: int = 1000
+
+    def frames(self, n_mel_frames: int) -> int:
+        """Mel frames to encode for ``n_mel_frames`` of audio (even, ≤ the 30 s window)."""
+        if self.pad_ms <= 0:
+            return WINDOW_FRAMES
+        bucket = max(2, self.bucket_ms * MEL_FRAMES_PER_S // 1000 // 2 * 2)
+        want = n_mel_frames + self.pad_ms * MEL_FRAMES_PER_S // 1000
+        return min(WINDOW_FRAMES, -(-want // bucket) * bucket)
+
+
+FULL_SPAN = EncoderSpan()
 
 
 @dataclass(frozen=True, slots=True)
@@ -185,6 +213,7 @@ class WhisperEngine:
         options: DecodeOptions = DEFAULT_OPTIONS,
         prefix: tuple[int, ...] = (),
         retry_without_prefix: Callable[[], bool] | None = None,
+        span: EncoderSpan = FULL_SPAN,
     ) -> WindowResult:
         """Transcribe ≤ 30 s of audio; word times are relative to the window's first sample.
 
@@ -193,11 +222,12 @@ class WhisperEngine:
         that ends a sentence can make Whisper end the transcript there, new speech or not: with
         ``retry_without_prefix`` (asked only when the decode added nothing to the prefix, and
         saying whether there is speech to transcribe), the decode is redone without the prefix
-        (same encoder output), and ``words`` then holds every word (``prefix_used`` False)."""
+        (same encoder output), and ``words`` then holds every word (``prefix_used`` False).
+        ``span`` says how much of the 30 s input is encoded (see ``EncoderSpan``)."""
         audio = audio[:WINDOW_SAMPLES]
         mel = self.features(audio)
         n_frames = min(mel.shape[-1] - 1, WINDOW_FRAMES)
-        feats = self.encode(mel)
+        feats = self.encode(mel, span.frames(n_frames))
         cross = self.cross_cache(feats)  # shared by every decode and the alignment below
         ts = self.tokenizer.special.timestamp_begin
         n_prefix = sum(1 for t in prefix if t < ts)

@@ -78,6 +78,9 @@ class RecognizerConfig:
     factory: str = ""  # "" = subd.streaming.StreamingRecognizer(model); or "module:callable"
     process: bool = True  # run in its own process (never share the publisher's GIL)
     min_update_ms: int = field(default=200, metadata=rng(0, 10_000))
+    # encoder input: the window's audio + this padding (0: Whisper's full 30 s; see
+    # subd.streaming.StreamingConfig.encoder_pad_ms)
+    encoder_pad_ms: int = field(default=2000, metadata=rng(0, 30_000))
     history_s: int = field(default=40, metadata=rng(31, 600))  # > Whisper's 30 s window
     start_timeout_s: int = field(default=300, metadata=rng(1, 3600))
 

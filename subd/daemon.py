@@ -112,7 +112,8 @@ class Daemon:
 
     def recogniser_host(self, history: Any) -> FactorySpec:
         cfg = self.config.recognizer
-        spec = self.recognizer or recognizer_spec(cfg.model, cfg.factory)
+        spec = self.recognizer or recognizer_spec(cfg.model, cfg.factory,
+                                                      encoder_pad_ms=cfg.encoder_pad_ms)
         where = {"history_name": history.shm_name} if cfg.process else {"history": history}
         return FactorySpec("subd.stages:RecogniserHost",
                            {"recognizer": spec, "history_capacity": history.capacity, **where})

@@ -241,3 +241,36 @@ def test_multilingual_base_from_two_packages(speech_clips):
     result = base.transcribe_window(load_audio(speech_clips[1].path))
     text = base.tokenizer.decode(result.decode.text_tokens(base.tokenizer.special.timestamp_begin))
     assert word_errors(speech_clips[1].transcript.split(), normalise(text)) <= 2, text
+
+
+def test_encoder_span_frames():
+    from subd.models.engine import FULL_SPAN, EncoderSpan
+
+    assert FULL_SPAN.frames(10) == 3000  # offline: Whisper's whole 30 s
+    span = EncoderSpan(pad_ms=2000, bucket_ms=4000)
+    assert span.frames(1) == 400  # 1 frame + 2 s of padding -> one 4 s bucket
+    assert span.frames(200) == 400
+    assert span.frames(201) == 800  # 2.01 s + 2 s padding -> two buckets
+    assert span.frames(2999) == 3000  # never past the 30 s window
+    assert all(EncoderSpan(500, 333).frames(n) % 2 == 0 for n in range(1, 3001, 7))
+
+
+def test_encoder_span_keeps_transcripts_and_word_times(engine, speech_clips):
+    """A live window is encoded over its audio plus 2 s of padding, not Whisper's 30 s: on the
+    LibriVox clips that costs at most two words of 71 (one word, "ill-disposed", flips with
+    almost any change to the input) and moves no word's end by more than 0.2 s."""
+    from subd.models.engine import EncoderSpan
+
+    span = EncoderSpan(pad_ms=2000, bucket_ms=4000)
+    errors_full = errors_cut = 0
+    for clip in speech_clips:
+        audio = load_audio(clip.path)
+        truth = normalise(clip.transcript)
+        full = engine.transcribe_window(audio)
+        cut = engine.transcribe_window(audio, span=span)
+        errors_full += word_errors(truth, normalise(" ".join(w.text for w in full.words)))
+        errors_cut += word_errors(truth, normalise(" ".join(w.text for w in cut.words)))
+        ends = [w.end_s for w in full.words]
+        near = sum(any(abs(w.end_s - e) <= 0.2 for e in ends) for w in cut.words)
+        assert near >= 0.9 * len(cut.words)
+    assert errors_cut <= errors_full + 2
