@@ -114,10 +114,16 @@ class FanoutWorker:
                 self._release()
 
     def _timeout_s(self) -> float | None:
-        """Block until a message comes; with a tick held, until its spin window opens."""
+        """Block until a message comes; with a tick held, until its spin window opens.
+
+        epoll sleeps in whole milliseconds and ``selectors`` rounds a timeout up: asked for
+        0.3 ms it sleeps 1 ms, and the worker woke after the release time (measured: p99
+        +0.07 ms, max +0.19 ms late, with the tick sent 1-2 ms ahead). So it sleeps only the
+        whole milliseconds that fit before the spin window and polls the rest."""
         if self._held is None:
             return None
-        return max(0.0, (self._held[0] - SPIN_EARLY_NS - time.monotonic_ns()) / 1e9)
+        wait_ns = self._held[0] - SPIN_EARLY_NS - time.monotonic_ns()
+        return max(0, wait_ns // NS_PER_MS) / 1000
 
     def _release(self) -> None:
         """Spin to the held tick's release time, then write it."""
