@@ -16,7 +16,10 @@ many words the recogniser had decoded after each word in the hypothesis that com
 the word ended its decoded window: the place where its sentence ends are least reliable). That
 count is exact when ``update`` is called once per recogniser hypothesis; when several
 hypotheses' committed words arrive in one call, the words of earlier ones look better covered
-than they were.
+than they were. Chunk-edge rule: a sentence end on such a window-edge word is decided only
+with a pause of ``pause_commit_ms`` after it, or if the tagger still ends the sentence there
+with that mark set aside (the words after it say so); Whisper closes almost every decode with
+a full stop, so the mark alone is no evidence.
 
 Work per update is bounded: the tagger sees at most ``left_context_words`` final words, the
 pending words (at most ``max_pending_words``; beyond that the oldest are decided anyway) and
@@ -31,6 +34,7 @@ from dataclasses import dataclass
 
 from subd.errors import ConfigError
 from subd.models.punct import (
+    SENTENCE_END,
     PunctTagger,
     RecogniserMark,
     WordTag,
@@ -92,6 +96,8 @@ class PunctStream:
         self._last_end_ns = -1
         self._memo_key: tuple | None = None
         self._memo_tags: list[WordTag] = []
+        self._memo_edge: tuple[tuple | None, list[WordTag]] = (None, [])
+        self.n_edge_marks_set_aside = 0  # window-edge sentence ends the rule turned down
 
     @property
     def n_final(self) -> int:
@@ -116,7 +122,10 @@ class PunctStream:
         n_decoded = len(committed) + len(tentative)  # words of the hypothesis, in order
         self._pending_marks += [recogniser_mark(w.text, n_decoded - 1 - i)
                                 for i, w in enumerate(committed)]
-        tail = [w for w in tentative if w.start_ns >= self._last_end_ns - 50 * NS_PER_MS]
+        # A tentative word re-states committed audio only if it lies mostly inside it: word
+        # times move by 100-200 ms between decodes, and dropping a word that merely starts a
+        # little early would leave a gap that reads as a pause (a false sentence end).
+        tail = [w for w in tentative if w.start_ns + w.end_ns > 2 * self._last_end_ns]
         last = tail[-1] if tail else (self._pending[-1] if self._pending else None)
         trailing_ns = self.config.trailing_pause_commit_ms * NS_PER_MS
         # The gap after the last word recognised so far is a pause only when it is long: in a
@@ -171,6 +180,11 @@ class PunctStream:
             )[len(left):]
             self._memo_key = key
         tags = self._memo_tags
+        if marks is not None and not complete:
+            if self._memo_edge[0] != (key, n_decide):
+                checked = self._edge_checked(window, pauses, marks, len(left), n_decide, tags)
+                self._memo_edge = ((key, n_decide), checked)
+            tags = self._memo_edge[1]
         decided = zip(self._pending[:n_decide], tags, strict=False)
         final = tuple(tagged_word(w, t, True) for w, t in decided)
         rest = list(zip([*self._pending[n_decide:], *tail], tags[n_decide:], strict=True))
@@ -180,3 +194,33 @@ class PunctStream:
         self._pending_marks = self._pending_marks[n_decide:]
         self._n_final += len(final)
         return PunctUpdate(final, provisional)
+
+    def _edge_checked(
+        self, window: list[Word], pauses: list[float | None], marks: list[RecogniserMark],
+        n_left: int, n_decide: int, tags: list[WordTag],
+    ) -> list[WordTag]:
+        """Chunk-edge rule: a word the recogniser wrote at the very end of its decoded window
+        (nothing decoded after it) may end a sentence on that mark only with a real pause
+        after it, or if the words alone still end the sentence there; otherwise the mark is
+        set aside (a window edge is where Whisper writes a full stop whatever was said)."""
+        pause_ms = self.config.pause_commit_ms
+        suspect = []
+        for i in range(n_decide):
+            k = n_left + i
+            mark, pause = marks[k], pauses[k]
+            if (tags[i].punct in SENTENCE_END and mark.punct in SENTENCE_END
+                    and mark.n_after == 0 and (pause is None or pause < pause_ms)):
+                suspect.append(k)
+        if not suspect:
+            return tags
+        hidden: list[RecogniserMark | None] = list(marks)
+        for k in suspect:
+            hidden[k] = None
+        fixed: list[tuple[str, str] | None] = [(t.punct, t.case) for t, _ in self._left]
+        fixed += [None] * (len(window) - n_left)
+        alt = self.tagger.tag([w.text for w in window], pauses, right_context_complete=False,
+                              fixed=fixed, stream_start=self._n_final == 0,
+                              recogniser=hidden)[n_left:]
+        self.n_edge_marks_set_aside += sum(alt[k - n_left].punct not in SENTENCE_END
+                                           for k in suspect)
+        return alt

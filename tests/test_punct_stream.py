@@ -172,3 +172,72 @@ def test_recogniser_marks_reach_the_tagger(tagger: PunctTagger) -> None:
         shown[use] = render([*first.final, *rest.final, *done.final])
     assert shown[True] == "You are going home? I thought you would stay."
     assert shown[False] != shown[True]
+
+
+class _EchoTagger:
+    """Stand-in tagger that believes the recogniser's marks completely (the worst case for
+    window-edge full stops); pinned words keep their tags."""
+
+    def tag(self, words, pauses_ms=None, right_context_complete=True, fixed=None,
+            stream_start=True, recogniser=None):
+        from subd.models.punct import WordTag
+
+        out = []
+        for i, _ in enumerate(words):
+            if fixed is not None and fixed[i] is not None:
+                out.append(WordTag(fixed[i][0], fixed[i][1], 0.0))
+                continue
+            mark = recogniser[i].punct if recogniser and recogniser[i] is not None else ""
+            starts = out[-1].punct in (".", "?", "!") if out else stream_start
+            out.append(WordTag(mark, "cap" if starts else "lower", 0.0))
+        return out
+
+
+def _two_decodes(gap_ms: int) -> str:
+    """"and then." ends the first decode (nothing decoded after it), then ``gap_ms`` of
+    silence, then the sentence goes on."""
+    first = [Word(w, i * 300 * MS, (i * 300 + 250) * MS)
+             for i, w in enumerate("i went to the market and then.".split())]
+    t0 = first[-1].end_ns + gap_ms * MS
+    rest = [Word(w, t0 + i * 300 * MS, t0 + (i * 300 + 250) * MS)
+            for i, w in enumerate("we walked home.".split())]
+    stream = PunctStream(_EchoTagger(), PunctConfig(right_context_words=3, pause_commit_ms=350.0))
+    shown = [*stream.update_from(Hypothesis(tuple(first), (), first[-1].end_ns)).final]
+    shown += stream.update_from(Hypothesis(tuple(rest), (), rest[-1].end_ns)).final
+    shown += stream.flush(rest[-1].end_ns).final
+    return render(shown)
+
+
+def test_a_full_stop_at_the_decode_edge_alone_breaks_no_sentence() -> None:
+    # no pause and no word says the sentence ended: the recogniser's edge mark is set aside
+    assert _two_decodes(gap_ms=50) == "I went to the market and then we walked home."
+
+
+def test_a_full_stop_at_the_decode_edge_with_a_real_pause_stands() -> None:
+    assert _two_decodes(gap_ms=600) == "I went to the market and then. We walked home."
+
+
+def test_a_full_stop_with_words_decoded_after_it_is_evidence() -> None:
+    words = [Word(w, i * 300 * MS, (i * 300 + 250) * MS)
+             for i, w in enumerate("it is late. we walked home.".split())]
+    stream = PunctStream(_EchoTagger(), PunctConfig(right_context_words=2))
+    shown = [*stream.update_from(Hypothesis(tuple(words[:3]), tuple(words[3:]),
+                                            words[-1].end_ns)).final]
+    shown += stream.update_from(Hypothesis(tuple(words[3:]), (), words[-1].end_ns)).final
+    shown += stream.flush(words[-1].end_ns).final
+    assert render(shown) == "It is late. We walked home."
+    assert stream.n_edge_marks_set_aside == 0
+
+
+def test_a_tentative_word_that_starts_early_is_no_pause(tagger: PunctTagger) -> None:
+    # Word times move between decodes: the next decode's first tentative word may start a
+    # little before the last committed word ends. It is still the next word, not a gap.
+    words = [Word(w, i * 300 * MS, (i * 300 + 250) * MS)
+             for i, w in enumerate("we will meet again".split())]
+    end = words[-1].end_ns
+    tentative = (Word("on", end - 120 * MS, end + 150 * MS),
+                 Word("tuesday", end + 700 * MS, end + 1000 * MS))
+    stream = PunctStream(tagger, PunctConfig(right_context_words=3, pause_commit_ms=350.0))
+    up = stream.update_from(Hypothesis(tuple(words), tentative, tentative[-1].end_ns))
+    assert [t.word.text for t in up.final] == ["we", "will", "meet"]  # "again" waits
+    assert [t.word.text for t in up.provisional] == ["again", "on", "tuesday"]

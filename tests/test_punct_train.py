@@ -45,9 +45,62 @@ def test_training_is_reproducible_and_loads(tmp_path: Path) -> None:
         ["train-punct", "--out", "x", "--epochs", "0"],
         ["train-punct", "--out", "x", "--sources", "austen,klingon"],
         ["train-punct"],
+        ["train-punct", "--out", "x", "--simulation", "v9"],
     ],
 )
 def test_bad_arguments_exit_2(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     assert main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err and err[-1].startswith(("subd: error:", "usage:", "subd train-punct: error"))
+
+
+def test_simulated_recogniser_closes_its_decode_with_a_full_stop() -> None:
+    import random
+
+    from subd.models.punct.simulate import decode_batches, simulate_recogniser
+    from subd.models.punct.text import label_text
+
+    words = label_text("the man who lived in the old house by the river walked to town "
+                       "every morning and he bought bread there before going home again.")
+    pauses: list[float | None] = [20.0] * len(words)
+    rng = random.Random(3)
+    edge_stops = mid_stops = n = 0
+    for _ in range(400):
+        cut = rng.randint(4, len(words) - 1)
+        marks = simulate_recogniser(words[:cut], pauses[:cut], False, rng, always=True)
+        assert marks[-1].n_after == 0  # the window ends where the latest decode ended
+        assert all(m.n_after is None or m.n_after >= 0 for m in marks)
+        edge_stops += marks[-1].punct == "."
+        mid_stops += sum(m.punct == "." and m.n_after >= 2 for m in marks[:-1])
+        n += 1
+    # Whisper writes '.' at the end of nearly every decode, almost never mid-sentence
+    assert edge_stops > 0.6 * n and mid_stops < 0.05 * n
+    complete = decode_batches(pauses, True, rng)
+    assert complete[-1].n_tentative == 0 and sum(b.n_words for b in complete) == len(words)
+    cut = decode_batches(pauses[:10], False, rng)
+    assert sum(b.n_words for b in cut) + cut[-1].n_tentative == 10
+
+
+def test_the_default_simulation_is_what_the_shipped_weights_were_trained_on() -> None:
+    import random
+
+    from subd.models.punct.simulate import SIMULATIONS, document_words, sample_window
+    from subd.models.punct.tagger import PACKAGE_DIR
+    from subd.models.punct.text import PUNCTS
+    from subd.models.punct.train import TrainConfig
+
+    shipped = json.loads((PACKAGE_DIR / "manifest.json").read_text())["train"]
+    assert TrainConfig().simulation == shipped["simulation"] == "v1"
+    doc = document_words(("It is late, and the bus has gone. Did you see it? We walked home "
+                          "by the river, all the way back to the old house. " * 6,),
+                         random.Random(0))
+    # the presets are different recognisers: v2 closes nearly every cut window with a '.'
+    edge_stops = {}
+    for name, sim in SIMULATIONS.items():
+        rng = random.Random(4)
+        windows = [sample_window(doc, rng, sim=sim) for _ in range(300)]
+        cut = [w for w in windows if w.n_right[-1] == 0 and w.evidence[-1, 0] != 0]
+        stop = 1 + PUNCTS.index(".")  # evidence id of a recogniser '.'
+        edge_stops[name] = sum(w.evidence[-1, 0] == stop for w in cut if w.puncts[-1] == "")
+        edge_stops[name] /= max(1, sum(w.puncts[-1] == "" for w in cut))
+    assert edge_stops["v2"] > edge_stops["v1"] + 0.3

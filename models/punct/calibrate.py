@@ -74,7 +74,48 @@ def align_session(hypotheses, paragraphs: tuple[tuple[str, str], ...]) -> list[A
     return out
 
 
-def report(rows: list[AlignedWord]) -> str:
+def align_tails(hypotheses, paragraphs: tuple[tuple[str, str], ...]) -> list[AlignedWord]:
+    """Tentative words of every hypothesis, each matched to the committed word it became (same
+    text, start within 400 ms) and so to the text; ``n_after`` counts the tentative words
+    after it (0 = the last word of that decode). Pause and duration are not measured here."""
+    ref = _labelled(paragraphs)
+    committed = [w for hyp in hypotheses for w in hyp.committed]
+    norm = [normalise_word(w.text) for w in committed]
+    matcher = difflib.SequenceMatcher(a=norm, b=[r.word for r in ref], autojunk=False)
+    truth: dict[int, str] = {}
+    for block in matcher.get_matching_blocks():
+        for k in range(block.size):
+            truth[block.a + k] = ref[block.b + k].punct
+    by_text: dict[str, list[tuple[int, int]]] = {}
+    for i, w in enumerate(committed):
+        by_text.setdefault(norm[i], []).append((w.start_ns, i))
+    out = []
+    for hyp in hypotheses:
+        for j, w in enumerate(hyp.tentative):
+            word = normalise_word(w.text)
+            match = [i for start, i in by_text.get(word, ())
+                     if abs(start - w.start_ns) < 400 * NS_PER_MS and i in truth]
+            if match:
+                out.append(AlignedWord(truth[match[0]], recogniser_mark(w.text).punct, True,
+                                       len(hyp.tentative) - 1 - j, None,
+                                       (w.end_ns - w.start_ns) / NS_PER_MS, word))
+    return out
+
+
+def _by_words_after(rows: list[AlignedWord], title: str) -> list[str]:
+    lines = [title]
+    for t in PUNCTS:
+        for n_after, name in ((0, "0"), (1, "1"), (2, "2+")):
+            c = Counter(r.rec_punct for r in rows
+                        if r.true_punct == t and min(r.n_after, 2) == n_after)
+            n = sum(c.values())
+            if n:
+                lines.append(f"  {t or '_'} with {name:<2} words after, n={n}: " + " ".join(
+                    f"{k or '_'} {c[k] / n:.2f}" for k in PUNCTS))
+    return lines
+
+
+def report(rows: list[AlignedWord], tails: list[AlignedWord] = ()) -> str:
     plain = np.array([(len(r.word), r.duration_ms) for r in rows if r.true_punct == ""], float)
     per_char, base = np.polyfit(plain[:, 0], plain[:, 1], 1) if len(plain) > 2 else (0.0, 1.0)
 
@@ -100,6 +141,11 @@ def report(rows: list[AlignedWord]) -> str:
             lines.append(f"  {t or '_'} n={len(pauses)}: pause {q}  duration {d}")
     if len(plain) > 2:
         lines.append(f"unmarked words: duration ~ {base:.0f} ms + {per_char:.1f} ms per letter")
+    lines += _by_words_after(rows, "committed words: true mark -> recogniser's mark, by words "
+                                   "decoded after the word when it was committed:")
+    if tails:
+        lines += _by_words_after(list(tails), "tentative words: true mark -> recogniser's mark, "
+                                              "by tentative words after it in that decode:")
     return "\n".join(lines)
 
 
@@ -115,10 +161,12 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     engine = WhisperEngine.load("tiny.en", threads=1, quantize=True)
     rows: list[AlignedWord] = []
+    tails: list[AlignedWord] = []
     for session in spoken_sessions(False, args.sessions, args.seed):
         hyps = stream_hypotheses(StreamingRecognizer(engine=engine), session.audio)
         rows += align_session(hyps, session.paragraphs)
-    print(report(rows))
+        tails += align_tails(hyps, session.paragraphs)
+    print(report(rows, tails))
     return 0
 
 

@@ -21,7 +21,7 @@ import torch
 from . import corpus
 from .features import Featuriser, Vocabulary, stack
 from .model import NetConfig, PunctNet, tag_index
-from .simulate import Sample, document_words, sample_window
+from .simulate import DEFAULT_SIMULATION, Sample, document_words, sample_window, simulation
 from .tagger import MANIFEST_NAME, VOCAB_NAME, WEIGHTS_NAME, sha256_of
 from .text import LabelledWord
 
@@ -44,6 +44,7 @@ class TrainConfig:
     word_dropout: float = 0.06
     break_weight: float = 0.5
     sources: tuple[str, ...] = tuple(corpus.SOURCES)
+    simulation: str = DEFAULT_SIMULATION  # simulate.SIMULATIONS: the recogniser's view
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,6 +116,7 @@ def train(out_dir: Path, cfg: TrainConfig, progress: Callable[[str], None] = log
 def _train(out_dir: Path, cfg: TrainConfig, progress: Callable[[str], None]) -> dict:
     torch.manual_seed(cfg.seed)
     rng = random.Random(cfg.seed)
+    sim = simulation(cfg.simulation)
     t0 = time.monotonic()
     data = load_split(cfg.seed, list(cfg.sources))
     for note in data.missing:
@@ -140,7 +142,7 @@ def _train(out_dir: Path, cfg: TrainConfig, progress: Callable[[str], None]) -> 
             for _ in range(cfg.batch_size):
                 src = rng.choices(sources, weights)[0]
                 doc = rng.choices(data.train[src], doc_lengths[src])[0]
-                samples.append(sample_window(doc, rng))
+                samples.append(sample_window(doc, rng, sim=sim))
             x, mask, tags, breaks = _batch(samples, feat, rng, cfg.word_dropout)
             emissions, brk_logits = net(x)
             nll = -net.crf(emissions, tags, mask=mask, reduction="token_mean")
@@ -163,7 +165,7 @@ def _train(out_dir: Path, cfg: TrainConfig, progress: Callable[[str], None]) -> 
         "net": net_cfg.to_dict(),
         "train": {"epochs": cfg.epochs, "steps_per_epoch": cfg.steps_per_epoch,
                   "batch_size": cfg.batch_size, "seed": cfg.seed, "lr": cfg.lr,
-                  "sources": list(cfg.sources),
+                  "sources": list(cfg.sources), "simulation": cfg.simulation,
                   "train_words": n_train, "source_weights": SOURCE_WEIGHTS,
                   "seconds": round(time.monotonic() - t0, 1)},
         "data": data.doc_ids,

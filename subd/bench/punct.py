@@ -4,7 +4,8 @@ Held-out documents come from the same offline packages as training (split by doc
 models/punct/corpus.py); pauses and the recogniser's own marks are simulated from the true marks
 under a fixed seed (models/punct/simulate.py). The streaming part feeds held-out text through
 PunctStream in the simulated commit batches with a tentative tail, with and without the
-recogniser's marks, and counts sentence ends at commit edges that the text does not have.
+recogniser's marks (the last tentative word of each update spelled with the full stop Whisper
+closes its decodes with), and counts sentence ends at commit edges that the text does not have.
 """
 
 from __future__ import annotations
@@ -64,6 +65,11 @@ def _stream(
     for batch in batches:
         committed = words[i : i + batch.n_words]
         tentative = words[i + batch.n_words : i + batch.n_words + batch.n_tentative]
+        if use_marks and tentative and not tentative[-1].text.endswith("?"):
+            # Whisper closes its decode with a full stop, whatever the word's true mark
+            last = tentative[-1]
+            tentative = [*tentative[:-1],
+                         Word(last.text.rstrip(".,!") + ".", last.start_ns, last.end_ns)]
         i += len(committed)
         edges.append(i - 1)
         audio_end = (tentative[-1] if tentative else committed[-1]).end_ns + 150 * NS_PER_MS

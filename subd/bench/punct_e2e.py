@@ -7,7 +7,11 @@ paragraph with questions spoken by espeak-ng. Both outputs come from the same st
 *held-out* documents (models/punct/corpus.py, never trained on) spoken by espeak-ng in varied
 voices and speeds, so the comparison rests on more than 145 words. The same generator over
 *training* documents (``spoken_sessions(held_out=False)``) is what the simulated recogniser
-marks, pauses and word durations of models/punct/simulate.py were calibrated on.
+marks, pauses and word durations of models/punct/simulate.py were calibrated on;
+``--dev-sessions N`` scores those (a development set for tagger changes, not an evaluation).
+
+The recogniser's hypotheses are cached per stream (``--cache-dir``), keyed by the audio and the
+recogniser's code, so a second run, or a run after a tagger change, takes seconds.
 """
 
 from __future__ import annotations
@@ -26,14 +30,37 @@ import numpy as np
 from subd.errors import UserError
 
 LIBRIVOX = Path("/usr/share/pocketsphinx/test/data/librivox")
-# The clips' text as printed in the novel (Debian r-cran-janeaustenr), in the clips' order; the
-# reader says "might be prudently" where the book has "might prudently be".
-LIBRIVOX_REFERENCE = (
-    "And Mr. John Dashwood had then leisure to consider how much there might be prudently in his "
-    "power to do for them. He was not an ill-disposed young man, unless to be rather cold hearted "
-    "and rather selfish is to be ill-disposed: Had he married a more amiable woman, he might have "
-    "been made still more respectable than he was: he might even have been made amiable himself;"
-)
+# What each clip says, as printed in the novel (Debian r-cran-janeaustenr), in the clips' order;
+# the reader says "might be prudently" where the book has "might prudently be". The clips are
+# not one passage: 0900 and 0910 are not in the test data, so the audio goes straight from
+# "ill-disposed" to "Had he married" (the book has a whole sentence, ending "duties.", in
+# between), and the last clip is followed by the unrelated news paragraph. Where the audio
+# skips text, the reference ends a sentence, as ``session_reference`` does between paragraphs.
+LIBRIVOX_CLIPS = (
+    ("0870", "And Mr. John Dashwood had then leisure to consider how much there might be "
+             "prudently in his power to do for them.", True),
+    ("0880", "He was not an ill-disposed young man,", True),
+    ("0890", "unless to be rather cold hearted and rather selfish is to be ill-disposed:", False),
+    ("0920", "Had he married a more amiable woman, he might have been made still more "
+             "respectable than he was:", True),
+    ("0930", "he might even have been made amiable himself;", False),
+)  # (clip, text, the next clip continues the text)
+LIBRIVOX_REFERENCE = " ".join(t for _, t, _ in LIBRIVOX_CLIPS)  # the book's own punctuation
+
+
+def librivox_reference() -> list[tuple[str, str]]:
+    """Reference words of the clips as heard: a sentence ends where the audio skips text."""
+    from subd.punct_eval import SENTENCE_END, reference_words
+
+    ref: list[tuple[str, str]] = []
+    for _, text, continues in LIBRIVOX_CLIPS:
+        words = reference_words(text)
+        if not continues and words[-1][1] not in SENTENCE_END:
+            words[-1] = (words[-1][0], ".")
+        ref += words
+    return ref
+
+
 NEWS_PARAGRAPH = (
     "Good evening, and welcome to the late news. Tonight, the city council voted to close the old "
     "bridge. Is the bridge safe? Engineers say it is not. The mayor said the decision was "
@@ -48,15 +75,19 @@ class E2EResult:
     recogniser: object  # punct_eval.Scores
     tagger: object
     n_words: int
+    errors: tuple[str, ...] = ()  # punct_eval.boundary_errors, stream by stream
 
 
-def build_speech() -> tuple[np.ndarray, str]:
+def build_speech() -> tuple[np.ndarray, list[tuple[str, str]]]:
+    """The acceptance audio (LibriVox clips, then the news paragraph) and its reference words."""
     from subd.audio import load_audio
 
     wavs = sorted(LIBRIVOX.glob("*.wav"))
     exe = shutil.which("espeak-ng")
     if not wavs or exe is None:
         raise UserError("needs pocketsphinx-testdata and espeak-ng (scripts/install-deps.sh)")
+    if [w.stem[-4:] for w in wavs] != [clip for clip, _, _ in LIBRIVOX_CLIPS]:
+        raise UserError(f"{LIBRIVOX}: expected the clips {[c for c, _, _ in LIBRIVOX_CLIPS]}")
     pause = np.zeros(12_000, np.float32)
     parts = []
     for w in wavs:
@@ -67,7 +98,9 @@ def build_speech() -> tuple[np.ndarray, str]:
             [exe, "-v", "en-us", "-s", "160", "-w", str(out), NEWS_PARAGRAPH], check=True
         )
         parts.append(load_audio(out))
-    return np.concatenate(parts), LIBRIVOX_REFERENCE + " " + NEWS_PARAGRAPH
+    from subd.punct_eval import reference_words
+
+    return np.concatenate(parts), librivox_reference() + reference_words(NEWS_PARAGRAPH)
 
 
 _VOICES = ("en-us", "en-gb", "en-us+m3", "en-gb-x-rp+f2", "en-us+Alex", "en-029",
@@ -77,6 +110,7 @@ _SOURCE_SHARES = {"austen": 0.35, "fortunes": 0.35, "jokes": 0.1, "harvard": 0.1
 _SPEAKABLE = re.compile(r"[A-Za-z ,.;:?!'\-]+")
 SESSION_S = 55.0  # speech per stream (a stream ends after the paragraph that passes this)
 HELDOUT_SEED = 29
+DEV_SEED = 11  # the calibration streams (models/punct/calibrate.py --sessions 8)
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,72 +192,121 @@ def session_reference(session: SpokenSession) -> list[tuple[str, str]]:
     return ref
 
 
-def run_heldout(n_sessions: int, seed: int = HELDOUT_SEED, engine=None) -> E2EResult:
-    """Recogniser vs tagger over ``n_sessions`` espeak-ng streams of held-out text, pooled."""
-    from subd.models.punct import PunctTagger
-    from subd.punct_eval import Scores, score, stream_both
-    from subd.punct_stream import PunctStream
-    from subd.streaming import StreamingRecognizer
+class _Recogniser:
+    """Makes a fresh streaming recogniser per stream, loading the model once and only when a
+    stream is not in the cache."""
 
-    tagger = PunctTagger.load()
+    def __init__(self, engine=None) -> None:
+        self.engine = engine
+
+    def __call__(self):
+        from subd.streaming import StreamingRecognizer
+
+        rec = (StreamingRecognizer(engine=self.engine) if self.engine is not None
+               else StreamingRecognizer())  # the daemon's recogniser settings
+        self.engine = rec.engine
+        return rec
+
+
+def _score_streams(
+    streams: list[tuple[np.ndarray, list[tuple[str, str]]]], engine=None,
+    cache_dir: Path | None = None, stream_config=None, tagger=None,
+) -> E2EResult:
+    """Recogniser vs tagger over (audio, reference) streams, scores pooled."""
+    from subd.models.punct import PunctTagger
+    from subd.punct_eval import Scores, boundary_errors, cached_hypotheses, replay, score
+    from subd.punct_stream import PunctStream
+
+    tagger = tagger or PunctTagger.load()
+    make = _Recogniser(engine)
     own_all, tagged_all, n_words = Scores(), Scores(), 0
-    for session in spoken_sessions(True, n_sessions, seed):
-        # the daemon's recogniser settings; one engine (model load) for all streams
-        rec = StreamingRecognizer(engine=engine) if engine is not None else StreamingRecognizer()
-        engine = rec.engine
-        own, tagged = stream_both(rec, PunctStream(tagger), session.audio)
-        ref = session_reference(session)
+    errors: list[str] = []
+    for k, (audio, ref) in enumerate(streams):
+        hyps = cached_hypotheses(audio, make, cache_dir)
+        own, tagged = replay(hyps, PunctStream(tagger, stream_config))
         own_all.add_scores(score(own, ref))
         tagged_all.add_scores(score(tagged, ref))
+        prefix = f"stream {k}: " if len(streams) > 1 else ""
+        errors += [prefix + line for line in boundary_errors(own, tagged, ref)]
         n_words += len(ref)
-    return E2EResult(own_all, tagged_all, n_words)
+    return E2EResult(own_all, tagged_all, n_words, tuple(errors))
 
 
-def run_e2e(engine=None) -> E2EResult:
-    from subd.models.punct import PunctTagger
-    from subd.punct_eval import reference_words, score, stream_both
-    from subd.punct_stream import PunctStream
-    from subd.streaming import StreamingRecognizer
+def run_heldout(
+    n_sessions: int, seed: int = HELDOUT_SEED, engine=None, cache_dir: Path | None = None,
+    stream_config=None, held_out: bool = True, tagger=None,
+) -> E2EResult:
+    """Recogniser vs tagger over ``n_sessions`` espeak-ng streams of held-out text, pooled
+    (``held_out=False``: of training text, the development/calibration streams)."""
+    streams = [(s.audio, session_reference(s))
+               for s in spoken_sessions(held_out, n_sessions, seed)]
+    return _score_streams(streams, engine, cache_dir, stream_config, tagger)
 
-    audio, text = build_speech()
-    rec = StreamingRecognizer(engine=engine) if engine is not None else StreamingRecognizer()
-    own, tagged = stream_both(rec, PunctStream(PunctTagger.load()), audio)
-    ref = reference_words(text)
-    return E2EResult(score(own, ref), score(tagged, ref), len(ref))
+
+def run_e2e(
+    engine=None, cache_dir: Path | None = None, stream_config=None, tagger=None
+) -> E2EResult:
+    """The acceptance set: LibriVox clips + the espeak-ng news paragraph, one stream."""
+    return _score_streams([build_speech()], engine, cache_dir, stream_config, tagger)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
+    from subd.punct_eval import default_cache_dir
+
     p = subparsers.add_parser("punct-e2e", help="streamed punctuation F1: CRF tagger vs Whisper's")
     p.add_argument("--heldout-sessions", type=int, default=0,
-                   help="also score N ~1-minute espeak-ng streams of held-out text (slow: "
-                        "about 1-2 min of CPU each; 4 is the model card's figure)")
+                   help="also score N ~1-minute espeak-ng streams of held-out text (slow when "
+                        "not cached: about 1-2 min of CPU each; the model card gives 4 and 8)")
+    p.add_argument("--dev-sessions", type=int, default=0,
+                   help="also score N espeak-ng streams of training text (the calibration "
+                        f"streams, seed {DEV_SEED}: a development set, not an evaluation)")
+    p.add_argument("--errors", action="store_true",
+                   help="list every word where either output misplaces a sentence boundary")
+    p.add_argument("--cache-dir", type=Path, default=default_cache_dir(),
+                   help="where the recogniser's streamed hypotheses are kept, keyed by audio "
+                        "and recogniser code (default %(default)s)")
+    p.add_argument("--no-cache", action="store_true", help="always run the recogniser")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    if not 0 <= args.heldout_sessions <= 50:
-        raise UserError(f"--heldout-sessions must be 0..50, got {args.heldout_sessions}")
-    res = run_e2e()
+    for name in ("heldout_sessions", "dev_sessions"):
+        if not 0 <= getattr(args, name) <= 50:
+            raise UserError(f"--{name.replace('_', '-')} must be 0..50, got "
+                            f"{getattr(args, name)}")
+    cache = None if args.no_cache else args.cache_dir
+    res = run_e2e(cache_dir=cache)
     print(
         f"reference: {res.n_words} words (LibriVox clips + espeak-ng news paragraph), "
         "one streaming run, updates every 0.5 s of audio"
     )
-    _print_scores(res)
-    if args.heldout_sessions:
-        held = run_heldout(args.heldout_sessions)
-        print(f"\nheld-out text spoken by espeak-ng: {held.n_words} reference words in "
-              f"{args.heldout_sessions} streams (seed {HELDOUT_SEED})")
-        _print_scores(held)
+    _print_scores(res, args.errors)
+    for n, held_out, seed, what in (
+        (args.heldout_sessions, True, HELDOUT_SEED, "held-out text"),
+        (args.dev_sessions, False, DEV_SEED, "training text (development streams)"),
+    ):
+        if n:
+            more = run_heldout(n, seed, cache_dir=cache, held_out=held_out)
+            print(f"\n{what} spoken by espeak-ng: {more.n_words} reference words in {n} "
+                  f"streams (seed {seed})")
+            _print_scores(more, args.errors)
     return 0
 
 
-def _print_scores(res: E2EResult) -> None:
+def _print_scores(res: E2EResult, errors: bool = False) -> None:
     print(f"{'':<12}{'mark':<10}{'P':>7}{'R':>7}{'F1':>7}")
     for name, s in (("recogniser", res.recogniser), ("subd CRF", res.tagger)):
         for mark in (".", ",", "?", "sentence"):
             p, r, f = s.f1(mark)
             print(f"{name:<12}{mark:<10}{p:>7.2f}{r:>7.2f}{f:>7.2f}")
         print(
-            f"{name:<12}sentence breaks at chunk edges where the reference has none: "
-            f"{s.chunk_edge_breaks} of {s.chunk_edges} edges"
+            f"{name:<12}false sentence breaks at chunk edges: {s.chunk_edge_breaks} of "
+            f"{s.chunk_edges} edges; inside a phrase (reference: no mark): "
+            f"{s.edge_breaks_inside_phrase}; at a clause mark (, ; : dash): "
+            f"{s.edge_breaks_at_clause}"
         )
+    if errors:
+        print("sentence-boundary errors (reference | recogniser | subd; edge: which output "
+              "had the word at the end of a commit):")
+        for line in res.errors:
+            print("  " + line)

@@ -24,6 +24,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--sources", default=None,
                    help="comma-separated text sources (default: all of "
                         "austen,mobydick,harvard,shakespeare,fortunes,jokes)")
+    p.add_argument("--simulation", default=None,
+                   help="how the recogniser's view of the text is simulated: v1 (default: the "
+                        "shipped weights) or v2 (calibrated on the recogniser after its aligner "
+                        "fix); see models/punct/MODEL_CARD.md")
     p.set_defaults(func=run)
 
 
@@ -48,7 +52,13 @@ def run(args: argparse.Namespace) -> int:
         unknown = [s for s in sources if s not in SOURCES]
         if unknown or not sources:
             raise UserError(f"--sources: unknown {unknown or 'empty'}; known: {', '.join(SOURCES)}")
-    cfg = TrainConfig(epochs=epochs, steps_per_epoch=steps, seed=seed, sources=sources)
+    from subd.models.punct.simulate import SIMULATIONS
+
+    sim = defaults.simulation if args.simulation is None else args.simulation
+    if sim not in SIMULATIONS:
+        raise UserError(f"--simulation: unknown {sim!r}; known: {', '.join(SIMULATIONS)}")
+    cfg = TrainConfig(epochs=epochs, steps_per_epoch=steps, seed=seed, sources=sources,
+                      simulation=sim)
     try:
         manifest = train(args.out, cfg, progress=lambda msg: print(msg, file=sys.stderr))
     except FileNotFoundError as exc:
