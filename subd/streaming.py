@@ -29,6 +29,7 @@ import numpy as np
 
 from subd.models.engine import (
     DEFAULT_POLICY,
+    FULL_SPAN,
     WINDOW_SAMPLES,
     EncoderSpan,
     FallbackPolicy,
@@ -172,7 +173,10 @@ class StreamingRecognizer:
         if end > st.window_start:
             window = self.audio.read(st.window_start, end)
             if self.vad is None or self._has_speech(window):
-                words = self._decode(window)
+                # Whisper's full 30 s input: this decode commits without a second opinion,
+                # and a window cut 2 s after the audio invents words at the end of a stream
+                # ("... comments tonight. And")
+                words = self._decode(window, FULL_SPAN)
                 newly = self._take(words)
         # the last hypothesis, where the final decode did not reach it (a word it left out);
         # a word overlapping what was just committed is that word again, with other times
@@ -186,7 +190,7 @@ class StreamingRecognizer:
     def _has_speech(self, window: np.ndarray) -> bool:
         return bool(self.vad.speech_regions(window))
 
-    def _decode(self, window: np.ndarray) -> list[Word]:
+    def _decode(self, window: np.ndarray, span: EncoderSpan | None = None) -> list[Word]:
         st = self.state
         prompt = None
         # context = committed words *before* the window: words inside it are in its audio, and
@@ -207,7 +211,7 @@ class StreamingRecognizer:
         result = self.engine.transcribe_window(
             window, prompt, policy, prefix=prefix,
             retry_without_prefix=self._speech_after_commit_point,  # asked only if needed
-            span=self.span,
+            span=span or self.span,
         )
         self.n_decodes += 1
         offset_ns = samples_to_ns(st.window_start)

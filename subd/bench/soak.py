@@ -92,6 +92,7 @@ async def soak(args: argparse.Namespace, audio: np.ndarray) -> list[dict]:
             def p95(values: list[float], n: int = 500) -> float:
                 return float(np.percentile(values[-n:], 95)) if values else float("nan")
 
+            await asyncio.sleep(0.05)  # the workers trim their heaps after answering
             marks.append({"audio_min": fed / SAMPLE_RATE_HZ / 60,
                           "rss_main_mb": rss_mb(os.getpid()),
                           "rss_recogniser_mb": rss_mb(rec._proc.pid),  # noqa: SLF001
