@@ -6,7 +6,6 @@ offline transcriber and the streaming recogniser are both built on it.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import warnings
 from collections.abc import Callable
@@ -20,6 +19,7 @@ from subd.models.alignment import WordTiming, align_words
 from subd.models.decoding import DecodeOptions, DecodeResult, decode_window
 from subd.models.loading import LoadedModel, load_model
 from subd.models.whisper import KVCache
+from subd.torch_threads import torch_threads
 
 SAMPLE_RATE_HZ = 16_000
 WINDOW_SAMPLES = 30 * SAMPLE_RATE_HZ
@@ -104,7 +104,7 @@ class WhisperEngine:
 
     def features(self, audio: np.ndarray) -> torch.Tensor:
         """audio [n] -> log-mel [n_mels, n_frames] (n_frames = n//160 + 1)."""
-        with _threads(1):  # one STFT of ≤ 30 s: ~7 ms on one core, slower when split
+        with torch_threads(1):  # one STFT of ≤ 30 s: ~7 ms on one core, slower when split
             return log_mel(audio, self.n_mels)
 
     @torch.inference_mode()
@@ -135,7 +135,7 @@ class WhisperEngine:
         opts = replace(
             options, suppress_tokens=options.suppress_tokens or self.loaded.suppress_tokens
         )
-        with _threads(self.decoder_threads):
+        with torch_threads(self.decoder_threads):
             return decode_window(
                 self.model.decoder, audio_features, prompt, sot_index, self.tokenizer, opts,
                 prefix, cross_from,
@@ -192,7 +192,7 @@ class WhisperEngine:
         cross_from: KVCache | None = None,
     ) -> list[WordTiming]:
         """Word timings; words of the first ``n_known_tokens`` tokens are left out."""
-        with _threads(self.decoder_threads):
+        with torch_threads(self.decoder_threads):
             return align_words(
                 self.model.decoder,
                 audio_features,
@@ -243,19 +243,6 @@ class WhisperEngine:
         text = result.text_tokens(ts)
         words = self.align(feats, text, n_frames, n_prefix, cross)
         return WindowResult(result, tuple(words), True, bool(prefix))
-
-
-@contextlib.contextmanager
-def _threads(n: int):
-    before = torch.get_num_threads()
-    if n == before:
-        yield
-        return
-    torch.set_num_threads(n)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
 
 
 def _default_threads() -> int:

@@ -12,18 +12,17 @@ arguments) so a spawned process can construct them. The tagger is pluggable; wit
 
 from __future__ import annotations
 
-import contextlib
 import importlib
 import importlib.util
 import logging
-import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from subd.errors import ConfigError
 from subd.ring import AudioHistory
+from subd.torch_threads import torch_threads
 from subd.types import AudioChunk, Hypothesis, TaggedWord, Word
 
 log = logging.getLogger("subd.stages")
@@ -169,24 +168,6 @@ class TagResult:
     duration_ns: int = 0
 
 
-@contextlib.contextmanager
-def _one_torch_thread() -> Iterator[None]:
-    """A tag pass is a few small matrix products: with torch's default of one intra-op thread
-    per core, the second thread spins after each and burned as much CPU as the tagger itself
-    (soak: the tag process used a third of the recogniser's CPU, half of it that thread), on
-    the core the publisher needs."""
-    torch = sys.modules.get("torch")
-    if torch is None or torch.get_num_threads() == 1:
-        yield
-        return
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
-
-
 def make_punct_stream(**config: Any) -> StreamTagger:
     """The CRF tagger behind subd.punct_stream, with its shipped weights."""
     from subd.models.punct import PunctTagger
@@ -213,7 +194,11 @@ class TagHost:
         self.n_final = 0
 
     def handle(self, req: TagRequest) -> TagResult:
-        with _one_torch_thread():
+        # A tag pass is a few small matrix products: with torch's default of one intra-op
+        # thread per core, the second thread spun after each and burned as much CPU as the
+        # tagger itself (soak: the tag process used a third of the recogniser's CPU), on the
+        # core the publisher needs.
+        with torch_threads(1):
             return self._handle(req)
 
     def _handle(self, req: TagRequest) -> TagResult:

@@ -32,6 +32,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
+def p95(values: list[float], n: int = 500) -> float:
+    """p95 of the last ``n`` values (nan if none)."""
+    return float(np.percentile(values[-n:], 95)) if values else float("nan")
+
+
 def rss_mb(pid: int) -> float:
     try:
         for line in Path(f"/proc/{pid}/status").read_text().splitlines():
@@ -89,9 +94,6 @@ async def soak(args: argparse.Namespace, audio: np.ndarray) -> list[dict]:
             audio_end_ns=hyp.audio_end_ns, flush=final)))
         n_tagged += len(hyp.committed)
         if fed >= next_mark or final:
-            def p95(values: list[float], n: int = 500) -> float:
-                return float(np.percentile(values[-n:], 95)) if values else float("nan")
-
             await asyncio.sleep(0.05)  # the workers trim their heaps after answering
             marks.append({"audio_min": fed / SAMPLE_RATE_HZ / 60,
                           "rss_main_mb": rss_mb(os.getpid()),
