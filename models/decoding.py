@@ -41,6 +41,7 @@ class DecodeResult:
     temperature: float
     compression_ratio: float
     looped: bool
+    capped: bool = False  # stopped by ``max_new_tokens`` (its repeating tail, if any, cut)
 
     def text_tokens(self, timestamp_begin: int) -> list[int]:
         return [t for t in self.tokens if t < timestamp_begin]
@@ -62,6 +63,26 @@ def tail_loop(tokens: list[int], min_repeats: int, min_tokens: int) -> bool:
         if repeats >= min_repeats and repeats * n >= min_tokens:
             return True
     return False
+
+
+def periodic_tail_start(tokens: list[int], min_period: int = 4) -> int | None:
+    """Where the repetition at the end of ``tokens`` starts, keeping its first period.
+
+    ``tokens`` ends in a run that repeats with some period p (at least twice, p ≥
+    ``min_period``); returns the length to keep: the run's start plus one period. The period
+    whose run starts earliest wins. None when the end does not repeat. A runaway decode
+    ("A B C. A B C. A B" until the token budget is spent) keeps "A B C.".
+    """
+    n = len(tokens)
+    best: tuple[int, int] | None = None
+    for p in range(min_period, n // 2 + 1):
+        i = n - 1
+        while i >= p and tokens[i] == tokens[i - p]:
+            i -= 1
+        start = i + 1 - p  # tokens[start:] is p-periodic
+        if n - start >= 2 * p and (best is None or start < best[0]):
+            best = (start, p)
+    return None if best is None else best[0] + best[1]
 
 
 class LogitFilter:
@@ -146,6 +167,7 @@ def decode_window(
     generated: list[int] = list(prefix)
     sum_logprob = 0.0
     looped = False
+    capped = max_new > 0
     for _ in range(max(0, max_new)):
         filt.apply(step_logits, generated)
         if options.temperature > 0:
@@ -155,13 +177,20 @@ def decode_window(
             token = int(step_logits.argmax())
         sum_logprob += float(torch.log_softmax(step_logits, -1)[token])
         if token == special.eot:
+            capped = False
             break
         generated.append(token)
         if tail_loop(generated[len(prefix) :], options.loop_min_repeats, options.loop_min_tokens):
-            looped = True
+            looped, capped = True, False
             break
         logits, _ = decoder(torch.tensor([[token]], device=audio_features.device), cache)
         step_logits = logits[0, -1].float().cpu()
+    if capped:  # out of budget: a repeating tail (a loop longer than tail_loop's n-grams) goes
+        ts = special.timestamp_begin  # timestamps differ between copies: compare them as one
+        keep = periodic_tail_start([min(t, ts) for t in generated[len(prefix) :]])
+        if keep is not None:
+            generated = generated[: len(prefix) + keep]
+            looped = True
     text = tokenizer.decode([t for t in generated if t < special.timestamp_begin])
     n_new = len(generated) - len(prefix)
     return DecodeResult(
@@ -172,4 +201,5 @@ def decode_window(
         temperature=options.temperature,
         compression_ratio=compression_ratio(text),
         looped=looped,
+        capped=capped,
     )

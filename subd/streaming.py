@@ -23,11 +23,12 @@ Policy (LocalAgreement-2 with bounded lag):
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
 from subd.models.engine import (
+    DEFAULT_OPTIONS,
     DEFAULT_POLICY,
     FULL_SPAN,
     WINDOW_SAMPLES,
@@ -45,6 +46,12 @@ NS_PER_MS = 1_000_000
 PROMPT_WORDS = 60  # committed words given as context (≈ 80 tokens)
 LEAD_IN_SAMPLES = SAMPLE_RATE_HZ  # audio kept before the commit point when the window moves
 GREEDY_POLICY = FallbackPolicy(temperatures=(0.0,))
+# A live decode's token budget grows with its window: speech runs at ≤ 6 tokens/s with the
+# timestamps. On a cut encoder input Whisper can loop a whole sentence (longer than the decode
+# loop guard's n-grams): on the looped soak clip 17 % of updates wrote ~180 words for 2 s of
+# audio and took 1.8 s. The budget ends such a decode, and its repeating tail is cut.
+TOKENS_BASE = 20
+TOKENS_PER_S = 10
 # _settle: speech after the last word is 60 ms of voiced frames (a word onset, a short word);
 # bursts closer than 90 ms are one; a burst touching the last word and ending within 150 ms of
 # it is that word's own end
@@ -135,6 +142,7 @@ class StreamingRecognizer:
         self.span = EncoderSpan(c.encoder_pad_ms, c.encoder_bucket_ms)
         self.state = _State()
         self.n_decodes = 0
+        self.n_capped = 0  # decodes stopped by the window's token budget
         self.n_forced_cuts = 0
 
     # -- input -----------------------------------------------------------------------------
@@ -208,12 +216,15 @@ class StreamingRecognizer:
             text = tok.encode(" " + " ".join(w.text for w in inside))
             prefix = (tok.special.timestamp_begin, *text)
         policy = GREEDY_POLICY if not self.config.temperature_fallback else DEFAULT_POLICY
+        budget = TOKENS_BASE + TOKENS_PER_S * len(window) // SAMPLE_RATE_HZ - len(prefix)
+        options = replace(DEFAULT_OPTIONS, max_new_tokens=max(TOKENS_BASE, budget))
         result = self.engine.transcribe_window(
-            window, prompt, policy, prefix=prefix,
+            window, prompt, policy, options=options, prefix=prefix,
             retry_without_prefix=self._speech_after_commit_point,  # asked only if needed
             span=span or self.span,
         )
         self.n_decodes += 1
+        self.n_capped += result.decode.capped
         offset_ns = samples_to_ns(st.window_start)
         words = []
         for w in result.words:

@@ -132,6 +132,30 @@ def test_repetition_loop_is_detected():
     assert not tail_loop([1, 2] * 3, 3, 20)  # a short repeat ("no, no, no") is speech
 
 
+def test_periodic_tail_keeps_one_copy_of_a_runaway_sentence():
+    from subd.models.decoding import periodic_tail_start
+
+    sentence = [11, 12, 13, 14, 15]
+    tokens = [1, 2, 3] + sentence * 4 + sentence[:2]  # cut by the budget inside a copy
+    assert periodic_tail_start(tokens) == 3 + len(sentence)
+    assert periodic_tail_start(list(range(30))) is None
+    assert periodic_tail_start([1, 2, 3, 4, 7, 7, 7]) is None  # shorter than min_period
+    assert periodic_tail_start([5, 1, 2, 3, 4, 1, 2, 3, 4]) == 5  # two copies are enough
+
+
+def test_a_decode_out_of_budget_says_so(engine, speech_clips):
+    """``capped`` is set only when the token budget ended the decode, not at end of text."""
+    from subd.models.decoding import DecodeOptions
+
+    audio = load_audio(speech_clips[0].path)
+    full = engine.transcribe_window(audio)
+    assert not full.decode.capped
+    n_text = len(full.decode.tokens)
+    short = engine.transcribe_window(audio, options=DecodeOptions(max_new_tokens=n_text // 2))
+    assert short.decode.capped
+    assert len(short.decode.tokens) <= n_text // 2
+
+
 def test_fallback_is_capped_and_recovers_from_a_forced_loop(engine, speech_clips):
     """A decode that loops at temperature 0 is retried warmer with a bounded token budget."""
     from subd.models.decoding import DecodeOptions

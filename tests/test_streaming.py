@@ -117,12 +117,15 @@ class _ScriptedEngine:
 
     def transcribe_window(self, audio, prompt=None, policy=None, prefix=(), **_):
         from subd.models.alignment import WordTiming
+        from subd.models.decoding import DecodeResult
         from subd.models.engine import WindowResult
 
         script = self.scripts[min(self.n_calls, len(self.scripts) - 1)]
         self.n_calls += 1
         timed = tuple(WordTiming(" " + w, (), start, end, p) for w, start, end, p in script)
-        return WindowResult(decode=None, words=timed, is_speech=True)
+        decode = DecodeResult(tokens=(), sum_logprob=0.0, avg_logprob=0.0, no_speech_prob=0.0,
+                              temperature=0.0, compression_ratio=1.0, looped=False)
+        return WindowResult(decode=decode, words=timed, is_speech=True)
 
 
 def _voiced(audio: np.ndarray, n_frames: int, n_voiced: int = 5) -> np.ndarray:
@@ -177,3 +180,23 @@ def test_finish_commits_the_last_word_once(speech_clips):
     rec.accept(AudioChunk(0, audio))
     assert rec.update().committed == ()
     assert [w.text for w in rec.finish().committed] == ["local", "news."]
+
+
+def test_a_looping_decode_is_bounded_by_the_window(int8_engine, speech_clips):
+    """Looped audio invites Whisper to repeat the sentence its prompt already holds, up to
+    ~180 words for 2 s of audio. The window's token budget bounds every hypothesis."""
+    from subd.streaming import TOKENS_BASE, TOKENS_PER_S
+
+    clip = next(c for c in speech_clips if "0870" in c.path.name)
+    audio = np.tile(load_audio(clip.path), 4)
+    rec = StreamingRecognizer(engine=int8_engine)
+    most = 0.0
+    for start in range(0, len(audio), STEP_SAMPLES):
+        rec.accept(AudioChunk(start, audio[start : start + STEP_SAMPLES]))
+        hyp = rec.update()
+        window_s = (rec.audio.end_sample - rec.state.window_start) / SAMPLE_RATE_HZ
+        inside = [w for w in (*rec.state.committed, *hyp.tentative)
+                  if w.end_ns > rec.state.window_start * 62_500]
+        most = max(most, len(inside) / (TOKENS_BASE + TOKENS_PER_S * window_s))
+    print(f"capped decodes {rec.n_capped} of {rec.n_decodes}; most words per budget {most:.2f}")
+    assert most <= 1.0

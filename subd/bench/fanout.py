@@ -25,6 +25,7 @@ import os
 import resource
 import selectors
 import socket
+import struct
 import subprocess
 import sys
 import time
@@ -32,6 +33,7 @@ from fractions import Fraction
 from typing import Any
 
 NS_PER_MS = 1_000_000
+SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35)  # Linux
 
 
 def raise_fd_limit(n: int) -> int:
@@ -97,12 +99,21 @@ def _bulk_main(port: int, n_readers: int, n_idle: int) -> None:
 def _probe_main(port: int, last_k: int, warmup: int) -> None:
     rt = try_realtime(60)
     sock = socket.create_connection(("127.0.0.1", port))
+    # the kernel stamps each segment as it reaches this socket (CLOCK_REALTIME): the arrival,
+    # before this process is scheduled to read it
+    sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
     sock.sendall(_request(port))
     buf = b""
     errors_ns: list[int] = []
+    arrivals_ns: list[int] = []
     while True:
-        data = sock.recv(1 << 20)
+        data, anc, _, _ = sock.recvmsg(1 << 20, socket.CMSG_SPACE(16))
         now = time.monotonic_ns()
+        arrived = now
+        for level, kind, stamp in anc:
+            if level == socket.SOL_SOCKET and kind == SO_TIMESTAMPNS and len(stamp) >= 16:
+                sec, nsec = struct.unpack("qq", stamp[:16])
+                arrived = sec * 1_000_000_000 + nsec - (time.time_ns() - time.monotonic_ns())
         if not data:
             break
         buf += data
@@ -116,10 +127,12 @@ def _probe_main(port: int, last_k: int, warmup: int) -> None:
             k = int(event[event.index(b'"k":') + 4 : event.index(b",", event.index(b'"k":'))])
             if k >= warmup:
                 errors_ns.append(now - due)
+                arrivals_ns.append(min(arrived, now) - due)
             done = done or k >= last_k
         if done:
             break
-    print(json.dumps({"errors_ns": errors_ns, "realtime": rt}), flush=True)
+    print(json.dumps({"errors_ns": errors_ns, "arrivals_ns": arrivals_ns, "realtime": rt}),
+          flush=True)
 
 
 # -- server -------------------------------------------------------------------------------
@@ -193,9 +206,12 @@ async def _serve_once(n_clients: int, n_ticks: int, fps: Fraction, event_bytes: 
         bulk.kill()
         bulk.wait()
     errors_ms = [e / NS_PER_MS for e in result["errors_ns"]]
+    arrivals_ms = [e / NS_PER_MS for e in result["arrivals_ns"]]
     return dict(clients=n_clients, readers=n_readers + 1, idle=n_idle,
                 p50_ms=percentile(errors_ms, 0.5), p99_ms=percentile(errors_ms, 0.99),
                 max_ms=max(errors_ms), n_samples=len(errors_ms),
+                arrival_p50_ms=percentile(arrivals_ms, 0.5),
+                arrival_p99_ms=percentile(arrivals_ms, 0.99),
                 publish_p50_ms=percentile(publish_ms, 0.5),
                 publish_p99_ms=percentile(publish_ms, 0.99),
                 rss_idle_mb=rss_idle, rss_connected_mb=rss_connected, rss_end_mb=rss_end,
@@ -222,16 +238,19 @@ def run(args: argparse.Namespace) -> int:
     print(f"subd bench fanout: {args.ticks} ticks at {args.fps} fps, ~{args.event_bytes} B "
           f"events, {args.workers} fan-out worker processes, publisher SCHED_FIFO={realtime}, "
           f"probe SCHED_FIFO={rows[0]['probe_realtime']}")
-    print("publish-time error at the last-connected reading client (receive - due, ms), time"
+    print("publish-time error at the last-connected reading client (receive - due, ms; arrive:"
+          " when the kernel queued the bytes on its socket, before the client was scheduled), time"
           " spent in publish() (this process's share of the fan-out, ms), server memory (this"
           " process; workers_MB: the fan-out workers), user-space buffers (all processes):")
-    head = ("clients", "readers", "p50_ms", "p99_ms", "max_ms", "fanout_p50", "fanout_p99",
+    head = ("clients", "readers", "p50_ms", "p99_ms", "max_ms", "arrive_p50", "arrive_p99",
+            "fanout_p50", "fanout_p99",
             "rss_idle_MB", "rss_conn_MB", "rss_end_MB", "workers_MB", "buf_max_MB", "skipped",
             "dropped")
     print(" ".join(f"{h:>11}" for h in head))
     for r in rows:
         vals = (r["clients"], r["readers"], r["p50_ms"], r["p99_ms"], r["max_ms"],
-                r["publish_p50_ms"], r["publish_p99_ms"], r["rss_idle_mb"], r["rss_connected_mb"],
+                r["arrival_p50_ms"], r["arrival_p99_ms"], r["publish_p50_ms"],
+                r["publish_p99_ms"], r["rss_idle_mb"], r["rss_connected_mb"],
                 r["rss_end_mb"], r["rss_workers_mb"], r["max_buffered_mb"], r["n_skipped"],
                 r["n_dropped"])
         print(" ".join(f"{v:>11.2f}" if isinstance(v, float) else f"{v:>11}" for v in vals))

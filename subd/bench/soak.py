@@ -5,7 +5,12 @@ The clip is looped to ``--minutes`` of audio and fed to the recogniser worker pr
 stage behind it in its own process (a tag pass overlaps the next update, as in the daemon).
 Prints the resident memory of the processes and the committed-word latency p95 —
 audio-timeline latency (fed audio end − word end) plus the update's compute time — at audio
-minute 2 and at the end, and the growth between them (target ≤ 2 %). The two parts are printed
+minute 2 and at the end, and the growth between them (target ≤ 2 %). Like is compared with like:
+the clip is padded with silence to a whole number of steps, marks fall on loop boundaries, and
+each p95 is over the same whole loops of audio (≥ 1 minute) before its mark, so both marks see
+the same words at the same update phases; only what grew with time can differ (a minute of
+different speech moved p95 by ±6 %). The end mark is the last loop before the end-of-stream
+flush. The two parts are printed
 apart too: the audio-timeline part is what the recogniser's context does (it would grow if the
 window or the prompt did), the compute part also moves with whatever else the machine runs.
 """
@@ -32,9 +37,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def p95(values: list[float], n: int = 500) -> float:
-    """p95 of the last ``n`` values (nan if none)."""
-    return float(np.percentile(values[-n:], 95)) if values else float("nan")
+def p95(values: list[tuple[int, float]], since: int) -> float:
+    """p95 of the values stamped (audio sample fed, value) at or after ``since`` (nan if none)."""
+    recent = [v for fed, v in values if fed >= since]
+    return float(np.percentile(recent, 95)) if recent else float("nan")
 
 
 def rss_mb(pid: int) -> float:
@@ -61,14 +67,21 @@ async def soak(args: argparse.Namespace, audio: np.ndarray) -> list[dict]:
     tag = ProcessWorker("tag", FactorySpec("subd.stages:TagHost",
                                            {"tagger": resolve_tagger("auto")}))
     await asyncio.gather(rec.start(), tag.start())
-    total = int(args.minutes * 60 * SAMPLE_RATE_HZ)
     step = args.step_ms * SAMPLE_RATE_HZ // 1000
+    audio = np.concatenate([audio, np.zeros(-len(audio) % step, audio.dtype)])
+    loop = len(audio)  # the input repeats, at the same update phases, every loop
+    window = -(-60 * SAMPLE_RATE_HZ // loop) * loop  # whole loops, ≥ 1 minute
+    first_mark = max(window, -(-2 * 60 * SAMPLE_RATE_HZ // loop) * loop)
+    last_mark = max(first_mark + loop, int(args.minutes * 60 * SAMPLE_RATE_HZ) // loop * loop)
+    total = last_mark + step  # the final step flushes the stream, after the last mark
     fed = 0
-    latencies: list[float] = []
-    audio_lat: list[float] = []  # the same words, audio-timeline part only
-    computes: list[float] = []  # compute time of each update that committed something
+    # (audio fed, value): committed latency of each word, its audio-timeline part only, and
+    # the compute time of each update
+    latencies: list[tuple[int, float]] = []
+    audio_lat: list[tuple[int, float]] = []
+    computes: list[tuple[int, float]] = []
     marks: list[dict] = []
-    next_mark = 2 * 60 * SAMPLE_RATE_HZ
+    next_mark = first_mark
     n_tagged = 0
     tagging: asyncio.Future | None = None  # the tag pass in flight (overlaps the next update)
     t_start = time.monotonic()
@@ -84,24 +97,26 @@ async def soak(args: argparse.Namespace, audio: np.ndarray) -> list[dict]:
         hyp = result.hypothesis
         compute_ms = result.duration_ns / 1e6
         for w in hyp.committed:
-            audio_lat.append((fed * 62_500 - w.end_ns) / 1e6)
-            latencies.append(audio_lat[-1] + compute_ms)
-        computes.append(compute_ms)
+            timeline_ms = (fed * 62_500 - w.end_ns) / 1e6
+            audio_lat.append((fed, timeline_ms))
+            latencies.append((fed, timeline_ms + compute_ms))
+        computes.append((fed, compute_ms))
         if tagging is not None:
             await tagging  # the previous pass ran while the recogniser did this update
         tagging = asyncio.ensure_future(tag.call(TagRequest(
             k=0, first_idx=n_tagged, committed=hyp.committed, tentative=hyp.tentative,
             audio_end_ns=hyp.audio_end_ns, flush=final)))
         n_tagged += len(hyp.committed)
-        if fed >= next_mark or final:
+        if fed == next_mark:
+            since = fed - window + 1
             await asyncio.sleep(0.05)  # the workers trim their heaps after answering
             marks.append({"audio_min": fed / SAMPLE_RATE_HZ / 60,
                           "rss_main_mb": rss_mb(os.getpid()),
                           "rss_recogniser_mb": rss_mb(rec._proc.pid),  # noqa: SLF001
                           "rss_tagger_mb": rss_mb(tag._proc.pid),  # noqa: SLF001
-                          "committed_p95_ms": p95(latencies),
-                          "audio_timeline_p95_ms": p95(audio_lat),
-                          "update_compute_p95_ms": p95(computes, 1000),
+                          "committed_p95_ms": p95(latencies, since),
+                          "audio_timeline_p95_ms": p95(audio_lat, since),
+                          "update_compute_p95_ms": p95(computes, since),
                           "realtime_factor": (fed / SAMPLE_RATE_HZ)
                           / max(1e-9, time.monotonic() - t_start)})
             print("  minute {audio_min:6.1f}: RSS main {rss_main_mb:.0f} MB, recogniser "
@@ -110,7 +125,8 @@ async def soak(args: argparse.Namespace, audio: np.ndarray) -> list[dict]:
                   " update compute {update_compute_p95_ms:.0f} ms); {realtime_factor:.1f}x real"
                   " time"
                   .format(**marks[-1]), flush=True)
-            next_mark = fed + 5 * 60 * SAMPLE_RATE_HZ if len(marks) > 1 else 7 * 60 * 16000
+            five = -(-5 * 60 * SAMPLE_RATE_HZ // loop) * loop
+            next_mark = last_mark if fed + five > last_mark and fed < last_mark else fed + five
     if tagging is not None:
         await tagging
     await asyncio.gather(rec.close(), tag.close())
@@ -122,8 +138,8 @@ def run(args: argparse.Namespace) -> int:
     from subd.bench.realtime import default_clip
     from subd.sources import load_audio
 
-    if args.minutes < 2.5:
-        raise UserError("--minutes must be at least 2.5 (the first mark is at minute 2)")
+    if args.minutes < 3:
+        raise UserError("--minutes must be at least 3 (the first mark is at minute 2)")
     clip = Path(args.clip) if args.clip else default_clip()[0]
     audio = load_audio(clip)
     print(f"soak: {clip.name} looped to {args.minutes:.0f} min, {args.step_ms} ms per update")
@@ -132,6 +148,7 @@ def run(args: argparse.Namespace) -> int:
     for key in ("rss_main_mb", "rss_recogniser_mb", "rss_tagger_mb", "committed_p95_ms",
                 "audio_timeline_p95_ms", "update_compute_p95_ms"):
         growth = (last[key] - first[key]) / first[key] * 100 if first[key] else float("nan")
-        print(f"{key:22s} minute 2: {first[key]:8.1f}   end: {last[key]:8.1f}   "
+        print(f"{key:22s} minute {first['audio_min']:.1f}: {first[key]:8.1f}   "
+              f"minute {last['audio_min']:.1f}: {last[key]:8.1f}   "
               f"growth {growth:+.1f} %")
     return 0

@@ -68,13 +68,15 @@ class _Prepared:
 
 
 class _Client:
-    __slots__ = ("id", "transport", "chunked", "done", "stalled_ns", "resync", "last_write_ns",
-                 "link")
+    __slots__ = ("id", "transport", "fd", "chunked", "done", "stalled_ns", "resync",
+                 "last_write_ns", "link")
 
     def __init__(self, client_id: int, transport: asyncio.Transport, chunked: bool,
                  now_ns: int) -> None:
         self.id = client_id
         self.transport = transport
+        sock = transport.get_extra_info("socket")
+        self.fd = sock.fileno() if sock is not None else -1  # written directly when idle
         self.link: WorkerLink | None = None  # the worker writing to it, None: this process
         self.chunked = chunked
         self.done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -85,6 +87,20 @@ class _Client:
     def finish(self) -> None:
         if not self.done.done():
             self.done.set_result(None)
+
+
+def _write_now(client: _Client, data: bytes) -> None:
+    """Write to a client whose transport holds nothing unsent: straight to its socket (the
+    transport's own path costs ~1 us more a client, a fifth of the send), the rest (if the
+    socket is full) through the transport, which keeps the order and reports errors."""
+    try:
+        n = os.write(client.fd, data)
+    except (BlockingIOError, InterruptedError):
+        n = 0
+    except OSError:  # reset, broken pipe: the transport's write sees it too and closes
+        n = 0
+    if n < len(data):
+        client.transport.write(data[n:])
 
 
 class SSESink:
@@ -212,17 +228,19 @@ class SSESink:
         # resync, closing, HTTP/1.0) after them, so a slow client never delays a reader.
         for client in self._clients:
             transport = client.transport
-            if (
-                client.stalled_ns is None
-                and client.chunked
-                and not client.resync
-                and transport.get_write_buffer_size() <= limit
-                and not transport.is_closing()
-            ):
+            if client.stalled_ns is not None or not client.chunked or client.resync or \
+                    transport.is_closing():
+                lagging.append(client)
+                continue
+            buffered = transport.get_write_buffer_size()
+            if buffered == 0 and client.fd >= 0:
+                _write_now(client, framed)
+            elif buffered <= limit:
                 transport.write(framed)
-                client.last_write_ns = now
             else:
                 lagging.append(client)
+                continue
+            client.last_write_ns = now
         self._history.append((state.k, event))
         self._words.extend(prepared.words)
         self._cues.extend(prepared.cues)
