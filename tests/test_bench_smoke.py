@@ -1,0 +1,42 @@
+"""The benchmarks run end to end and print what they name (figures are not asserted: speed
+targets are for ``subd bench`` on a quiet machine, never for tests)."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import librivox_clips
+
+
+def bench(*args: str, timeout_s: int = 300) -> str:
+    proc = subprocess.run([sys.executable, "-m", "subd.cli", "bench", *args],
+                          capture_output=True, text=True, timeout=timeout_s)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return proc.stdout
+
+
+def test_fanout_prints_read_and_arrival_errors_for_n_and_1_clients():
+    out = bench("fanout", "--clients", "40", "--ticks", "150", "--warmup", "60")
+    rows = [line.split() for line in out.splitlines() if re.match(r"\s+\d+\s+\d+\s+\d", line)]
+    assert [r[0] for r in rows] == ["40", "1"]
+    for r in rows:
+        p50, p99, arrive_p50, arrive_p99 = map(float, (r[2], r[3], r[5], r[6]))
+        assert 0 < p50 <= p99
+        assert arrive_p50 <= p50 and arrive_p99 <= p99  # the kernel queues before the read
+
+
+def test_soak_marks_fall_on_loop_boundaries():
+    if not librivox_clips():
+        pytest.skip("pocketsphinx-testdata (LibriVox clips) is not installed")
+    out = bench("soak", "--minutes", "3", "--step-ms", "500", timeout_s=600)
+    # clip 0870 is 7.1 s, padded to 7.5 s (whole 500 ms steps): marks at 16 and 24 loops
+    marks = re.findall(r"minute\s+([\d.]+): RSS main (\d+) MB, recogniser (\d+) MB", out)
+    assert [m[0] for m in marks] == ["2.0", "3.0"]
+    assert all(int(m[2]) > 100 for m in marks)  # the recogniser process holds the model
+    growth = dict(re.findall(r"^(\w+)\s+minute 2.0:.*growth ([-+][\d.]+|nan) %", out, re.M))
+    assert set(growth) >= {"rss_recogniser_mb", "committed_p95_ms", "audio_timeline_p95_ms"}
+    assert all(v != "nan" for v in growth.values())
