@@ -71,6 +71,12 @@ class StreamingConfig:
     pause_commit_ms: int = 600  # silence after the last word commits the tail
     agree_guard_ms: int = 150  # agreement counts only for words ending this long before the end
     agree_min_probability: float = 0.3  # ... and only when Whisper gave the word at least this
+    # ... or when this many decodes in a row, each having heard the word out, gave the same
+    # words up to it. Whisper is unsure of a sentence's first word after a pause (LibriVox
+    # "Unless", "Had": 0.07-0.26 over five decodes that all agree), which held the sentence
+    # back until max_tentative_ms committed it: the joined LibriVox clips' committed p95 was
+    # 1.27 s, the worst words all sentence onsets.
+    unsure_agree_decodes: int = 3
     # A word Whisper is sure of, heard out well before the audio end and followed by another
     # word of the same hypothesis (which bounds its end time), can commit on its first decode:
     # one update of latency less. Off by default: at 300 ms / 0.8 it cut the median committed
@@ -104,6 +110,7 @@ class StreamingConfig:
             ("pause_commit_ms", 100, 10000),
             ("agree_guard_ms", 0, 5000),
             ("confident_guard_ms", 0, 5000),
+            ("unsure_agree_decodes", 2, 100),
             ("trim_after_ms", 500, 20000),
             ("max_window_ms", 4000, 28000),
             ("encoder_pad_ms", 0, 30000),
@@ -126,6 +133,8 @@ class _State:
     committed: list[Word] = field(default_factory=list)
     previous: list[Word] = field(default_factory=list)  # last hypothesis after the commit point
     previous_settled: int = 0  # how many of them ended agree_guard_ms before that decode's end
+    # per word of ``previous``: decodes in a row that heard it out with the same words up to it
+    previous_streak: list[int] = field(default_factory=list)
     last_decode_end: int = 0  # audio_end (samples) at the last decode
     settled_end: int = 0  # samples: the hypothesis accounts for all speech before this
 
@@ -281,11 +290,20 @@ class StreamingRecognizer:
         settled = 0
         while settled < len(words) and end_ns - words[settled].end_ns >= guard_ns:
             settled += 1
+        streak = [0] * len(words)
+        for i in range(settled):
+            prior = st.previous_streak[i] if i < len(st.previous_streak) else 0
+            if i >= len(st.previous) or _norm(st.previous[i].text) != _norm(words[i].text):
+                streak[i:settled] = [1] * (settled - i)  # the words up to here differ
+                break
+            streak[i] = prior + 1
         agreed = 0  # both decodes must have heard the word out: cut-short guesses agree easily
-        for old, new in zip(st.previous[: st.previous_settled], words[:settled], strict=False):
+        for i, (old, new) in enumerate(
+                zip(st.previous[: st.previous_settled], words[:settled], strict=False)):
             if _norm(old.text) != _norm(new.text):
                 break
-            if min(old.probability, new.probability) < c.agree_min_probability:
+            if min(old.probability, new.probability) < c.agree_min_probability \
+                    and streak[i] < c.unsure_agree_decodes:
                 break  # two unsure guesses that agree are still guesses: wait for more audio
             agreed += 1
         n = agreed
@@ -306,6 +324,7 @@ class StreamingRecognizer:
         newly = self._take(words[:n])
         st.previous = words[n:]
         st.previous_settled = max(0, settled - n)
+        st.previous_streak = streak[n:]
         if window_ms >= c.max_window_ms and not newly and not st.previous:
             st.window_start = end - 2 * SAMPLE_RATE_HZ  # no words at all: keep 2 s of context
         return newly

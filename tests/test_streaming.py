@@ -200,3 +200,24 @@ def test_a_looping_decode_is_bounded_by_the_window(int8_engine, speech_clips):
         most = max(most, len(inside) / (TOKENS_BASE + TOKENS_PER_S * window_s))
     print(f"capped decodes {rec.n_capped} of {rec.n_decodes}; most words per budget {most:.2f}")
     assert most <= 1.0
+
+
+@pytest.mark.parametrize("n_decodes", [3, 100])
+def test_an_unsure_word_commits_when_three_decodes_in_a_row_agree(speech_clips, n_decodes):
+    """Whisper gives a sentence's first word after a pause a low probability however often it
+    hears it: three decodes in a row that heard it out and agree commit it (two do not)."""
+    audio = _voiced(load_audio(speech_clips[0].path), 100)  # 3 s
+    unsure = [("Unless", 1.0, 1.4, 0.1), ("to", 1.4, 1.5, 0.9)]
+    other = [("And", 1.0, 1.4, 0.1), ("to", 1.4, 1.5, 0.9)]
+    rec = StreamingRecognizer(engine=_ScriptedEngine(unsure, other, unsure, unsure, unsure),
+                              unsure_agree_decodes=n_decodes, confident_min_probability=1.0)
+    committed_at = {}
+    for end_s in (1.6, 1.8, 2.0, 2.2, 2.4):  # "Unless" is heard out (150 ms guard) from 1.55 s
+        end = int(end_s * SAMPLE_RATE_HZ)
+        rec.accept(AudioChunk(rec.audio.end_sample, audio[rec.audio.end_sample : end]))
+        for w in rec.update().committed:
+            committed_at[w.text] = end_s
+    if n_decodes == 3:  # "And" at 1.8 s broke the run: 2.0, 2.2, 2.4 are three in a row
+        assert committed_at == {"Unless": 2.4, "to": 2.4}  # "to" (sure) had only waited
+    else:  # two unsure guesses never commit; max_tentative_ms does, from 2.6 s
+        assert committed_at == {}
