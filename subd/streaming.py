@@ -2,12 +2,15 @@
 
 Policy (LocalAgreement-2 with bounded lag):
 
-* Each ``update`` decodes the window [window_start, audio_end) — always padded to Whisper's 30 s
-  input, so the engine sees exactly what it was trained on — with the committed text as the
-  previous-text prompt.
+* Each ``update`` decodes the window [window_start, audio_end) with the committed text as the
+  previous-text prompt. The encoder runs over the window's audio plus ``encoder_pad_ms``, not
+  Whisper's whole 30 s input (``models.engine.EncoderSpan``); the end-of-stream decode, which
+  commits without a second opinion, gets the full input.
 * Words of the new hypothesis that lie before the commit point are dropped; a word is committed
-  when two consecutive hypotheses agree on it (same normalised text, in order), or on its first
-  decode when Whisper is sure of it (probability ≥ ``confident_min_probability``, heard out
+  when two consecutive hypotheses that both heard it out agree on it (same normalised text, in
+  order) and Whisper gave it at least ``agree_min_probability`` in both — or, for a word it stays
+  unsure of, when ``unsure_agree_decodes`` decodes in a row agree; or on its first decode when
+  Whisper is sure of it (probability ≥ ``confident_min_probability``, heard out
   ``confident_guard_ms`` before the audio end, another word after it), or when it is older
   than ``max_tentative_ms`` (bounded latency), or when the voice-activity detector shows a pause
   of ``pause_commit_ms`` after it (end of an utterance: nothing will change it any more).
@@ -16,8 +19,9 @@ Policy (LocalAgreement-2 with bounded lag):
   cost of an update) stays bounded however long the stream runs. The window can never overflow
   30 s: at ``max_window_ms`` without a commit, all but the last hypothesis word are committed and
   the window is cut there (DESIGN: "it drops speech").
-* Windows without speech are not decoded (VAD gating); loops are caught by the engine's
-  repetition guard and its capped temperature fallback.
+* Windows without speech are not decoded (VAD gating); short loops are caught by the engine's
+  repetition guard, and a decode's token budget grows with its window (``TOKENS_BASE`` +
+  ``TOKENS_PER_S``), so a runaway repeat of a whole sentence is cut short.
 """
 
 from __future__ import annotations
@@ -46,10 +50,11 @@ NS_PER_MS = 1_000_000
 PROMPT_WORDS = 60  # committed words given as context (≈ 80 tokens)
 LEAD_IN_SAMPLES = SAMPLE_RATE_HZ  # audio kept before the commit point when the window moves
 GREEDY_POLICY = FallbackPolicy(temperatures=(0.0,))
-# A live decode's token budget grows with its window: speech runs at ≤ 6 tokens/s with the
-# timestamps. On a cut encoder input Whisper can loop a whole sentence (longer than the decode
-# loop guard's n-grams): on the looped soak clip 17 % of updates wrote ~180 words for 2 s of
-# audio and took 1.8 s. The budget ends such a decode, and its repeating tail is cut.
+# A live decode's token budget grows with its window: offline decodes of the LibriVox clips and
+# of espeak-ng at 160 words/min take 3.2-4.4 tokens/s with the timestamps, so 10/s leaves room
+# for fast speakers. On a cut encoder input Whisper can loop a whole sentence (longer than the
+# decode loop guard's n-grams): on the looped soak clip 17 % of updates wrote ~180 words for 2 s
+# of audio and took 1.8 s. The budget ends such a decode, and its repeating tail is cut.
 TOKENS_BASE = 20
 TOKENS_PER_S = 10
 # _settle: speech after the last word is 60 ms of voiced frames (a word onset, a short word);
@@ -74,8 +79,8 @@ class StreamingConfig:
     # ... or when this many decodes in a row, each having heard the word out, gave the same
     # words up to it. Whisper is unsure of a sentence's first word after a pause (LibriVox
     # "Unless", "Had": 0.07-0.26 over five decodes that all agree), which held the sentence
-    # back until max_tentative_ms committed it: the joined LibriVox clips' committed p95 was
-    # 1.27 s, the worst words all sentence onsets.
+    # back until max_tentative_ms committed it. ``subd bench realtime`` (joined LibriVox clips):
+    # committed p95 1.47-1.49 -> 0.86-0.87 s, WER 9.9 -> 8.5 %.
     unsure_agree_decodes: int = 3
     # A word Whisper is sure of, heard out well before the audio end and followed by another
     # word of the same hypothesis (which bounds its end time), can commit on its first decode:
