@@ -40,3 +40,32 @@ def test_soak_marks_fall_on_loop_boundaries():
     growth = dict(re.findall(r"^(\w+)\s+minute 2.0:.*growth ([-+][\d.]+|nan) %", out, re.M))
     assert set(growth) >= {"rss_recogniser_mb", "committed_p95_ms", "audio_timeline_p95_ms"}
     assert all(v != "nan" for v in growth.values())
+
+
+def test_realtime_default_audio_is_every_librivox_clip_joined():
+    clips = librivox_clips()
+    if not clips:
+        pytest.skip("pocketsphinx-testdata (LibriVox clips) is not installed")
+    from subd.audio import load_audio
+    from subd.bench.realtime import joined_clips
+
+    audio, text = joined_clips(gap_s=0.75)
+    assert len(audio) == sum(len(load_audio(c.path)) + 12_000 for c in clips)
+    assert text.split() == [w for c in clips for w in c.transcript.split()]
+
+
+def test_realtime_prints_both_pipelines_and_writes_the_plot(tmp_path):
+    clips = librivox_clips()
+    if not clips:
+        pytest.skip("pocketsphinx-testdata (LibriVox clips) is not installed")
+    clip = clips[0]
+    plot = tmp_path / "latency.png"
+    out = bench("realtime", "--clip", str(clip.path), "--transcript", clip.transcript,
+                "--plot", str(plot))
+    subd_part, naive_part = out.split("naive push:")
+    for key in ("publish_error_p99_ms", "deadline_misses", "fallbacks", "committed_latency_p95_ms",
+                "tentative_latency_p50_ms", "time_to_first_caption_s", "wer"):
+        assert re.search(rf"^\s+{key}\s+[\d.]+$", subd_part, re.M), key
+    for key in ("committed_latency_p95_ms", "time_to_first_caption_s", "wer"):
+        assert re.search(rf"^\s+{key}\s+[\d.]+$", naive_part, re.M), key
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
