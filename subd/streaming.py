@@ -137,8 +137,8 @@ class _State:
     committed_end_ns: int = 0  # audio time up to which words are committed
     committed: list[Word] = field(default_factory=list)
     previous: list[Word] = field(default_factory=list)  # last hypothesis after the commit point
-    previous_settled: int = 0  # how many of them ended agree_guard_ms before that decode's end
     # per word of ``previous``: decodes in a row that heard it out with the same words up to it
+    # (0: that decode had not heard it out)
     previous_streak: list[int] = field(default_factory=list)
     last_decode_end: int = 0  # audio_end (samples) at the last decode
     settled_end: int = 0  # samples: the hypothesis accounts for all speech before this
@@ -295,22 +295,20 @@ class StreamingRecognizer:
         settled = 0
         while settled < len(words) and end_ns - words[settled].end_ns >= guard_ns:
             settled += 1
+        # streak[i]: decodes in a row, this one included, that heard words[i] out with the same
+        # words up to it. Agreement needs 2 (both decodes heard the word out: guesses at a
+        # cut-short word agree easily) and Whisper's probability, or unsure_agree_decodes.
         streak = [0] * len(words)
         for i in range(settled):
-            prior = st.previous_streak[i] if i < len(st.previous_streak) else 0
             if i >= len(st.previous) or _norm(st.previous[i].text) != _norm(words[i].text):
                 streak[i:settled] = [1] * (settled - i)  # the words up to here differ
                 break
-            streak[i] = prior + 1
-        agreed = 0  # both decodes must have heard the word out: cut-short guesses agree easily
-        for i, (old, new) in enumerate(
-                zip(st.previous[: st.previous_settled], words[:settled], strict=False)):
-            if _norm(old.text) != _norm(new.text):
-                break
-            if min(old.probability, new.probability) < c.agree_min_probability \
-                    and streak[i] < c.unsure_agree_decodes:
-                break  # two unsure guesses that agree are still guesses: wait for more audio
-            agreed += 1
+            streak[i] = st.previous_streak[i] + 1
+        agreed = 0
+        while agreed < settled and streak[agreed] >= 2 and (
+                min(st.previous[agreed].probability, words[agreed].probability)
+                >= c.agree_min_probability or streak[agreed] >= c.unsure_agree_decodes):
+            agreed += 1  # two unsure guesses that agree are still guesses; more in a row are not
         n = agreed
         sure_ns = c.confident_guard_ms * NS_PER_MS
         while (
@@ -328,7 +326,6 @@ class StreamingRecognizer:
             self.n_forced_cuts += 1
         newly = self._take(words[:n])
         st.previous = words[n:]
-        st.previous_settled = max(0, settled - n)
         st.previous_streak = streak[n:]
         if window_ms >= c.max_window_ms and not newly and not st.previous:
             st.window_start = end - 2 * SAMPLE_RATE_HZ  # no words at all: keep 2 s of context

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 import shutil
 import subprocess
 from dataclasses import dataclass
@@ -11,8 +10,6 @@ from pathlib import Path
 import pytest
 
 from subd.wer import normalise, word_errors  # noqa: F401 - re-exported for the tests
-
-LIBRIVOX_DIR = Path("/usr/share/pocketsphinx/test/data/librivox")
 
 # Known sentences spoken by espeak-ng (synthetic but exact text).
 ESPEAK_SENTENCES = (
@@ -30,15 +27,13 @@ class Clip:
 
 
 def librivox_clips() -> list[Clip]:
-    table = LIBRIVOX_DIR / "transcription"
-    if not table.exists():
+    from subd.bench.realtime import librivox_clips as table
+    from subd.errors import UserError
+
+    try:
+        return [Clip(path.stem, path, text) for path, text in table()]
+    except UserError:  # pocketsphinx-testdata is not installed
         return []
-    clips = []
-    for line in table.read_text().splitlines():
-        m = re.match(r"<s>\s*(.*?)\s*</s>\s*\((.+)\)", line)
-        if m:
-            clips.append(Clip(m.group(2), LIBRIVOX_DIR / f"{m.group(2)}.wav", m.group(1)))
-    return clips
 
 
 @pytest.fixture(scope="session")

@@ -7,10 +7,6 @@ import re
 import subprocess
 import sys
 
-import pytest
-
-from tests.conftest import librivox_clips
-
 
 def bench(*args: str, timeout_s: int = 300) -> str:
     proc = subprocess.run([sys.executable, "-m", "subd.cli", "bench", *args],
@@ -29,9 +25,7 @@ def test_fanout_prints_read_and_arrival_errors_for_n_and_1_clients():
         assert arrive_p50 <= p50 and arrive_p99 <= p99  # the kernel queues before the read
 
 
-def test_soak_marks_fall_on_loop_boundaries():
-    if not librivox_clips():
-        pytest.skip("pocketsphinx-testdata (LibriVox clips) is not installed")
+def test_soak_marks_fall_on_loop_boundaries(speech_clips):
     out = bench("soak", "--minutes", "3", "--step-ms", "500", timeout_s=600)
     # clip 0870 is 7.1 s, padded to 7.5 s (whole 500 ms steps): marks at 16 and 24 loops
     marks = re.findall(r"minute\s+([\d.]+): RSS main (\d+) MB, recogniser (\d+) MB", out)
@@ -42,23 +36,17 @@ def test_soak_marks_fall_on_loop_boundaries():
     assert all(v != "nan" for v in growth.values())
 
 
-def test_realtime_default_audio_is_every_librivox_clip_joined():
-    clips = librivox_clips()
-    if not clips:
-        pytest.skip("pocketsphinx-testdata (LibriVox clips) is not installed")
+def test_realtime_default_audio_is_every_librivox_clip_joined(speech_clips):
     from subd.audio import load_audio
     from subd.bench.realtime import joined_clips
 
     audio, text = joined_clips(gap_s=0.75)
-    assert len(audio) == sum(len(load_audio(c.path)) + 12_000 for c in clips)
-    assert text.split() == [w for c in clips for w in c.transcript.split()]
+    assert len(audio) == sum(len(load_audio(c.path)) + 12_000 for c in speech_clips)
+    assert text.split() == [w for c in speech_clips for w in c.transcript.split()]
 
 
-def test_realtime_prints_both_pipelines_and_writes_the_plot(tmp_path):
-    clips = librivox_clips()
-    if not clips:
-        pytest.skip("pocketsphinx-testdata (LibriVox clips) is not installed")
-    clip = clips[0]
+def test_realtime_prints_both_pipelines_and_writes_the_plot(tmp_path, speech_clips):
+    clip = speech_clips[0]
     plot = tmp_path / "latency.png"
     out = bench("realtime", "--clip", str(clip.path), "--transcript", clip.transcript,
                 "--plot", str(plot))

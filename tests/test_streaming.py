@@ -8,7 +8,7 @@ import pytest
 from subd.audio import load_audio
 from subd.errors import ConfigError
 from subd.streaming import StreamingConfig, StreamingRecognizer
-from subd.types import SAMPLE_RATE_HZ, AudioChunk
+from subd.types import SAMPLE_RATE_HZ, AudioChunk, samples_to_ns
 from tests.conftest import normalise, word_errors
 
 STEP_SAMPLES = SAMPLE_RATE_HZ // 2  # an update every 0.5 s of audio: deterministic cadence
@@ -196,7 +196,7 @@ def test_a_looping_decode_is_bounded_by_the_window(int8_engine, speech_clips):
         hyp = rec.update()
         window_s = (rec.audio.end_sample - rec.state.window_start) / SAMPLE_RATE_HZ
         inside = [w for w in (*rec.state.committed, *hyp.tentative)
-                  if w.end_ns > rec.state.window_start * 62_500]
+                  if w.end_ns > samples_to_ns(rec.state.window_start)]
         most = max(most, len(inside) / (TOKENS_BASE + TOKENS_PER_S * window_s))
     print(f"capped decodes {rec.n_capped} of {rec.n_decodes}; most words per budget {most:.2f}")
     assert most <= 1.0

@@ -95,9 +95,7 @@ def _write_now(client: _Client, data: bytes) -> None:
     socket is full) through the transport, which keeps the order and reports errors."""
     try:
         n = os.write(client.fd, data)
-    except (BlockingIOError, InterruptedError):
-        n = 0
-    except OSError:  # reset, broken pipe: the transport's write sees it too and closes
+    except OSError:  # full; or reset, broken pipe: the transport's write sees it and closes
         n = 0
     if n < len(data):
         client.transport.write(data[n:])
