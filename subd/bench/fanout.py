@@ -53,10 +53,14 @@ def try_realtime(priority: int = 50) -> bool:
 
 
 def rss_mb(pid: int | str = "self") -> float:
-    with open(f"/proc/{pid}/status") as fh:
-        for line in fh:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
+    """Resident memory of a process in MB (nan if it is gone)."""
+    try:
+        with open(f"/proc/{pid}/status") as fh:
+            for line in fh:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
     return float("nan")
 
 

@@ -25,6 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
+from subd.bench.fanout import rss_mb
 from subd.errors import UserError
 
 
@@ -41,16 +42,6 @@ def p95(values: list[tuple[int, float]], since: int) -> float:
     """p95 of the values stamped (audio sample fed, value) at or after ``since`` (nan if none)."""
     recent = [v for fed, v in values if fed >= since]
     return float(np.percentile(recent, 95)) if recent else float("nan")
-
-
-def rss_mb(pid: int) -> float:
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return float("nan")
 
 
 async def soak(args: argparse.Namespace, audio: np.ndarray) -> list[dict]:
