@@ -12,8 +12,9 @@ from test_sse import EVENT, STATE, Conn, _drain, connect, running, states
 
 from subd.errors import ConfigError
 from subd.layout import token_of
+from subd.sinks import sse as sse_module
 from subd.sinks import sse_worker
-from subd.sinks.sse import SSEConfig, SSESink
+from subd.sinks.sse import SSEConfig, SSESink, quickest
 from subd.sinks.sse_wire import HEARTBEAT, chunk
 from subd.types import CaptionState
 
@@ -207,3 +208,54 @@ def test_prepared_tick_is_written_by_the_worker_at_its_due_time_not_before() -> 
             remote.close()
 
     asyncio.run(main())
+
+
+def test_quickest_share_and_moving_average() -> None:
+    # a new client goes where it would be written soonest; ties stay here
+    assert quickest(10 * 5000, [(9, 4000), (8, 6000)]) == 0  # 40 us vs 54 us, here 50 us
+    assert quickest(10 * 4000, [(9, 4000)]) is None  # 40 us: no sooner than here
+    assert quickest(1e9, []) is None
+    # loops of fewer than 8 clients are not counted; the first counted one sets the average
+    assert sse_worker.moving_average(0.0, 7_000, 7) == 0.0
+    assert sse_worker.moving_average(0.0, 40_000, 10) == 4000
+    assert sse_worker.moving_average(4000, 80_000, 10) == 4000 + (8000 - 4000) / 16
+
+
+@pytest.mark.parametrize("parent_ns", [500_000, 1])
+def test_shares_follow_measured_write_time_and_lose_no_event(
+        parent_ns: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """This process's tight loop is made to measure 500 us a client (clients then move to the
+    worker, one a tick) or 1 ns (none moves, and a new client stays here); the worker's is
+    measured. Every client still reads every tick once, in order."""
+    monkeypatch.setattr(sse_module, "moving_average", lambda _avg, _ns, n: parent_ns)
+    script = states(40)
+
+    async def main() -> None:
+        async with running(fanout_workers=1, history_ticks=120) as sink:
+            conns = [await connect(sink.port) for _ in range(20)]
+            await until(lambda: sink.n_worker_clients == 10)  # by count: nothing measured yet
+            for state in script[:30]:
+                sink.publish(state)
+                await asyncio.sleep(0.01)  # the worker reports its loop time
+            moved = sink.n_worker_clients
+            late = await connect(sink.port)
+            await asyncio.sleep(0.2)
+            late_remote = sink.n_worker_clients > moved
+            for state in script[30:]:
+                sink.publish(state)
+            for conn in [*conns, late]:
+                seen = []
+                while not seen or seen[-1] < script[-1].k:
+                    k, event = await asyncio.wait_for(conn.next_event(), 10)
+                    if event["type"] == "delta":
+                        seen.append(k)
+                first = script[0].k if conn is not late else seen[0]
+                assert seen == list(range(first, script[-1].k + 1))
+                conn.close()
+            return moved, late_remote
+
+    moved, late_remote = asyncio.run(main())
+    if parent_ns > 1:
+        assert moved >= 18 and late_remote  # all but the last one or two went, one a tick
+    else:
+        assert moved == 10 and not late_remote

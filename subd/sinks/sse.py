@@ -18,7 +18,12 @@ events dropped, a ``full`` resync sent when it catches up); one stalled for ``dr
 disconnected. So a client that does not read costs bounded memory and never delays others.
 
 With ``fanout_workers`` > 0, processes (:mod:`subd.sinks.sse_worker`) share the writing, in
-parallel with this one: a new client goes to whichever has the fewest, same policy everywhere.
+parallel with this one, same policy everywhere. Shares are balanced by measured time, not by
+count: each process times its tight write loop per client (this one pays for asyncio's
+transports, ~1.5 us a client more than a worker), a new client goes where it would finish
+first, and while this process's loop would still end later than a worker's after giving one
+client away, it hands one over per tick (``_rebalance``). The last reader of each process is
+then written at about the same moment, which is the fan-out's latency.
 """
 
 from __future__ import annotations
@@ -48,6 +53,7 @@ from subd.sinks.sse_wire import (
     options_response,
     set_sndbuf,
 )
+from subd.sinks.sse_worker import moving_average
 from subd.tasks import cancel_and_wait
 from subd.types import CaptionState
 
@@ -89,16 +95,29 @@ class _Client:
             self.done.set_result(None)
 
 
-def _write_now(client: _Client, data: bytes) -> None:
+def _write_now(client: _Client, data: bytes) -> bool:
     """Write to a client whose transport holds nothing unsent: straight to its socket (the
     transport's own path costs ~1 us more a client, a fifth of the send), the rest (if the
-    socket is full) through the transport, which keeps the order and reports errors."""
+    socket is full) through the transport, which keeps the order and reports errors. True
+    if the socket took it all."""
     try:
         n = os.write(client.fd, data)
     except OSError:  # full; or reset, broken pipe: the transport's write sees it and closes
         n = 0
     if n < len(data):
         client.transport.write(data[n:])
+        return False
+    return True
+
+
+def quickest(here_ns: float, shares: list[tuple[int, float]]) -> int | None:
+    """Which worker would write one more client soonest, given each one's tight loop as
+    (clients, ns per client): its index if that is sooner than ``here_ns``, else None."""
+    if not shares:
+        return None
+    ends = [(n + 1) * ns for n, ns in shares]
+    i = min(range(len(ends)), key=ends.__getitem__)
+    return i if ends[i] < here_ns else None
 
 
 class SSESink:
@@ -129,6 +148,8 @@ class SSESink:
         self.port: int | None = None
         self._n_skipped = 0
         self.n_dropped = 0  # clients disconnected for not reading
+        self._n_fast = 0  # clients in the latest tight write loop here
+        self._send_ns = 0.0  # its time per client, moving average (0: not measured yet)
 
     @classmethod
     def from_mapping(cls, data: Mapping[str, Any]) -> SSESink:
@@ -146,6 +167,13 @@ class SSESink:
     @property
     def worker_pids(self) -> list[int]:
         return [link.proc.pid for link in self._links]
+
+    @property
+    def fanout_shares(self) -> list[tuple[int, float]]:
+        """(clients, us per client) of the latest tight write loop: this process, then each
+        worker as it last reported."""
+        return [(self._n_fast, self._send_ns / 1000),
+                *((link.n_fast, link.send_ns / 1000) for link in self._links)]
 
     @property
     def n_skipped(self) -> int:
@@ -220,25 +248,24 @@ class SSESink:
         self._prepared = None
         event, framed = prepared.event, prepared.framed
         now = self._clock()
-        limit = self.config.client_buffer_bytes
         lagging = []
-        # Clients that keep up are served first, in one tight loop; the rest (stalled, due a
-        # resync, closing, HTTP/1.0) after them, so a slow client never delays a reader.
+        n_short = 0
+        t0 = time.monotonic_ns()
+        # Clients that keep up (nothing unsent) are served first, in one tight loop; the rest
+        # (a backlog, stalled, due a resync, closing, HTTP/1.0) after them, so a slow client
+        # never delays a reader.
         for client in self._clients:
-            transport = client.transport
             if client.stalled_ns is not None or not client.chunked or client.resync or \
-                    transport.is_closing():
+                    client.fd < 0 or client.transport.is_closing() or \
+                    client.transport.get_write_buffer_size():
                 lagging.append(client)
                 continue
-            buffered = transport.get_write_buffer_size()
-            if buffered == 0 and client.fd >= 0:
-                _write_now(client, framed)
-            elif buffered <= limit:
-                transport.write(framed)
-            else:
-                lagging.append(client)
-                continue
+            if not _write_now(client, framed):
+                n_short += 1
             client.last_write_ns = now
+        self._n_fast = len(self._clients) - len(lagging)
+        if n_short * 10 <= self._n_fast:  # a loop of short writes (full sockets) is no measure
+            self._send_ns = moving_average(self._send_ns, time.monotonic_ns() - t0, self._n_fast)
         self._history.append((state.k, event))
         self._words.extend(prepared.words)
         self._cues.extend(prepared.cues)
@@ -254,6 +281,7 @@ class SSESink:
                     link.full(full)
         while self._handoffs:
             self._hand_off(self._handoffs.popleft())
+        self._rebalance()
 
     def _encode(self, state: CaptionState) -> _Prepared:
         closed = self._layout.push(state.committed, state.audio_end_ns, state.tentative)
@@ -335,20 +363,54 @@ class SSESink:
             self._handoffs.append(client)  # client gets it from here, then moves (publish)
             return
         links = [link for link in self._links if link.alive]
-        transport = client.transport
-        if (not links or client not in self._clients or not client.chunked or client.resync
-                or client.stalled_ns is not None or transport.get_write_buffer_size()
-                or transport.is_closing()):
+        sock = self._movable(client) if links and client in self._clients else None
+        if sock is None:
             return
-        link = min(links, key=lambda lk: lk.n_clients)
-        sock = transport.get_extra_info("socket")
-        if sock is None or link.n_clients >= len(self._clients) - 1:
-            return  # this process takes its share: it is awake at T(k), a worker must wake
+        if self._send_ns and all(lk.send_ns for lk in links):  # by time: where it ends first
+            i = quickest((self._n_fast + 1) * self._send_ns,
+                         [(lk.n_fast, lk.send_ns) for lk in links])
+            if i is None:
+                return
+            link = links[i]
+        else:  # nothing measured yet: by count
+            link = min(links, key=lambda lk: lk.n_clients)
+            if link.n_clients >= len(self._clients) - 1:
+                return  # this process takes its share: it is awake at T(k), a worker too
+        self._move(client, link, sock)
+
+    @staticmethod
+    def _movable(client: _Client) -> Any:
+        """The socket of a client up to date with everything published, else None."""
+        transport = client.transport
+        if (not client.chunked or client.resync or client.stalled_ns is not None
+                or transport.get_write_buffer_size() or transport.is_closing()):
+            return None
+        return transport.get_extra_info("socket")
+
+    def _move(self, client: _Client, link: WorkerLink, sock: Any) -> None:
         del self._clients[client]
         self._remote[client.id] = client
         client.link = link
         link.n_clients += 1
+        link.n_fast += 1  # until its next report
         link.add(client.id, os.dup(sock.fileno()), client.last_write_ns)
+
+    def _rebalance(self) -> None:
+        """Hand one up-to-date client to the worker that would write it soonest, if sooner
+        than this process's tight loop ends now (one a tick: the workers' reports follow)."""
+        links = [link for link in self._links if link.alive and link.send_ns]
+        if not links or not self._send_ns or self._n_fast < 2:
+            return
+        i = quickest(self._n_fast * self._send_ns, [(lk.n_fast, lk.send_ns) for lk in links])
+        if i is None:
+            return
+        link = links[i]
+        for client in reversed(self._clients):  # the newest up-to-date one
+            sock = self._movable(client)
+            if sock is not None:
+                self._n_fast -= 1
+                self._move(client, link, sock)
+                return
 
     def _gone(self, client_id: int, dropped: bool) -> None:
         """A worker closed a client: reset by the peer, or dropped for not reading."""

@@ -52,6 +52,8 @@ class WorkerLink:
         self.n_skipped = 0  # as last reported by the worker
         self.buffered_bytes = 0
         self.n_ready = 0  # clients waiting for a full resync
+        self.n_fast = 0  # clients in its latest tight loop (+ those handed over since)
+        self.send_ns = 0  # that loop's time per client (0: not measured yet)
 
     # -- parent -> worker -----------------------------------------------------------------
 
@@ -135,7 +137,8 @@ class WorkerLink:
                 _, client_id, dropped = w.GONE_MSG.unpack(msg)
                 self._on_gone(client_id, bool(dropped))
             elif msg[:1] == w.STATS:
-                _, self.n_skipped, self.buffered_bytes, self.n_ready = w.STATS_MSG.unpack(msg)
+                (_, self.n_skipped, self.buffered_bytes, self.n_ready, self.n_fast,
+                 self.send_ns) = w.STATS_MSG.unpack(msg)
 
     # -- lifecycle --------------------------------------------------------------------------
 

@@ -27,7 +27,12 @@ is split, every part but the last sent as ``+`` messages::
 
     parent -> worker  A add(id, now) + the socket   T tick(now, release) + chunk-framed delta
                       F full: chunk-framed resync   H heartbeat(now)   R remove(id)   Q quit
-    worker -> parent  G gone(id, dropped)   S stats(n_skipped, buffered_bytes, n_ready)
+    worker -> parent  G gone(id, dropped)
+                      S stats(n_skipped, buffered_bytes, n_ready, n_fast, send_ns)
+
+``n_fast`` is how many clients the latest tick's tight loop wrote to and ``send_ns`` the
+loop's time per client (a moving average): the parent balances its own share against the
+workers' with them (``SSESink._rebalance``).
 """
 
 from __future__ import annotations
@@ -51,7 +56,9 @@ ID_NOW = struct.Struct("<qq")  # client id, now_ns
 NOW = struct.Struct("<q")
 TICK_HEAD = struct.Struct("<qq")  # parent's now_ns, release time on time.monotonic_ns (0: now)
 GONE_MSG = struct.Struct("<cqB")  # kind, client id, 1 if dropped for not reading
-STATS_MSG = struct.Struct("<cqqq")  # kind, n_skipped, buffered_bytes, n_ready
+# kind, n_skipped, buffered_bytes, n_ready, n_fast, send_ns (see FanoutWorker._write_tick)
+STATS_MSG = struct.Struct("<cqqqqq")
+SEND_NS_QUANTUM = 100  # send_ns is reported in these steps, so a report is not sent every tick
 
 
 def split_message(kind: bytes, head: bytes, payload: bytes) -> list[bytes]:
@@ -60,6 +67,17 @@ def split_message(kind: bytes, head: bytes, payload: bytes) -> list[bytes]:
              for i in range(0, max(0, len(payload) - PART_BYTES), PART_BYTES)]
     tail = payload[len(parts) * PART_BYTES :]
     return [*parts, kind + head + tail]
+
+
+def moving_average(average_ns: float, loop_ns: int, n: int, *, min_n: int = 8,
+                   weight: float = 1 / 16) -> float:
+    """The fan-out loop's time per client, averaged over ticks: a loop of fewer than ``min_n``
+    clients is not counted (its fixed costs would pass for per-client ones); the first one
+    counted sets the average."""
+    if n < min_n:
+        return average_ns
+    per_client = loop_ns / n
+    return per_client if average_ns <= 0 else average_ns + weight * (per_client - average_ns)
 
 
 class _Conn:
@@ -94,7 +112,9 @@ class FanoutWorker:
         self._parts = bytearray()
         self._now = 0  # the parent's clock at the latest tick
         self._held: tuple[int, bytes] | None = None  # (release_ns, tick body) not written yet
-        self._reported: tuple[int, int, int] | None = None
+        self._reported: tuple[int, ...] | None = None
+        self.n_fast = 0  # clients written in the latest tick's tight loop
+        self.send_ns = 0.0  # that loop's time per client, moving average (0: not measured)
         self._handlers: dict[bytes, Callable[[bytes, list[int]], None]] = {
             ADD: self._add, TICK: self._tick, FULL: self._full_state,
             HEARTBEAT: self._heartbeat, REMOVE: self._remove_msg,
@@ -195,6 +215,7 @@ class FanoutWorker:
         self._now = now
         size = len(framed)
         lagging, partial, failed = [], [], []
+        t0 = time.monotonic_ns()
         # Clients that keep up first, in one tight loop: this loop is the fan-out's latency.
         for conn in self.conns.values():
             if conn.pending or conn.resync or conn.stalled_ns is not None:
@@ -210,6 +231,9 @@ class FanoutWorker:
             conn.last_write_ns = now
             if n != size:
                 partial.append((conn, n))
+        self.n_fast = len(self.conns) - len(lagging) - len(failed)
+        if len(partial) * 10 <= self.n_fast:  # a loop of short writes (full sockets) is no measure
+            self.send_ns = moving_average(self.send_ns, time.monotonic_ns() - t0, self.n_fast)
         for conn, n in partial:
             self._keep(conn, framed[n:])
         for conn in failed:
@@ -315,7 +339,8 @@ class FanoutWorker:
 
     def _report(self) -> None:
         ready = sum(1 for c in self.conns.values() if c.resync and len(c.pending) <= self.limit)
-        stats = (self.n_skipped, sum(len(c.pending) for c in self.conns.values()), ready)
+        stats = (self.n_skipped, sum(len(c.pending) for c in self.conns.values()), ready,
+                 self.n_fast, round(self.send_ns / SEND_NS_QUANTUM) * SEND_NS_QUANTUM)
         if stats != self._reported:
             self._reported = stats
             self._send(STATS_MSG.pack(STATS, *stats))
