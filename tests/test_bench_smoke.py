@@ -23,7 +23,8 @@ def test_fanout_prints_every_readers_and_the_probes_errors_for_n_and_1_clients()
         all_p50, all_p99, worst_p99, p50, p99, arrive_p99 = map(float, r[2:7] + r[8:9])
         assert 0 < all_p50 <= min(all_p99, worst_p99)
         assert 0 < p50 <= p99 and arrive_p99 <= p99  # the kernel queues before the read
-    assert re.search(r"p99 over all reading clients: [\d.]+ ms with 40 clients, [\d.]+ ms with 1",
+    assert re.search(r"p99 over all reading clients: [\d.]+ ms with 40 clients, [\d.]+ ms with 1"
+                     r".*target <= 2 ms: (met|NOT met)",
                      out)
     assert re.search(r"fan-out shares at the end .*: this process \d+ x [\d.]+, worker 1", out)
 

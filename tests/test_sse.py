@@ -251,6 +251,10 @@ def test_client_that_does_not_read_is_skipped_then_resynced_then_dropped() -> No
             sink.publish(CaptionState(k, 0, 0, (), big))
             await asyncio.sleep(0.002)
         assert sink.n_dropped == 1 and sink.n_clients == 2
+        # ... with a reset: what it never read is discarded, not sent behind a FIN
+        with pytest.raises(ConnectionResetError):
+            while await asyncio.wait_for(stalled.reader.read(1 << 16), 10):
+                pass
         for task in readers:
             task.cancel()
         stalled.close()

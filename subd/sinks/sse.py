@@ -53,7 +53,7 @@ from subd.sinks.sse_wire import (
     options_response,
     set_sndbuf,
 )
-from subd.sinks.sse_worker import moving_average
+from subd.sinks.sse_worker import moving_average, reset_on_close
 from subd.tasks import cancel_and_wait
 from subd.types import CaptionState
 
@@ -336,6 +336,10 @@ class SSESink:
         n_dropped = 0
         for _ in range(min(RETIRE_PER_TURN, len(self._retiring))):
             client, dropped = self._retiring.popleft()
+            if dropped:  # asyncio's abort() is a plain close: make it a reset
+                sock = client.transport.get_extra_info("socket")
+                if sock is not None:
+                    reset_on_close(sock)
             if dropped or not client.transport.is_closing():
                 client.transport.abort()
             n_dropped += dropped

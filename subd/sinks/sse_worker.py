@@ -69,6 +69,16 @@ def split_message(kind: bytes, head: bytes, payload: bytes) -> list[bytes]:
     return [*parts, kind + head + tail]
 
 
+def reset_on_close(sock: socket.socket) -> None:
+    """Make the socket's last close a reset (SO_LINGER 0): the client learns at once, and the
+    bytes it never read are freed. A plain close of a socket whose peer does not read queues
+    the FIN behind them, and the kernel keeps both for minutes."""
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    except OSError:
+        pass
+
+
 def moving_average(average_ns: float, loop_ns: int, n: int, *, min_n: int = 8,
                    weight: float = 1 / 16) -> float:
     """The fan-out loop's time per client, averaged over ticks: a loop of fewer than ``min_n``
@@ -323,10 +333,9 @@ class FanoutWorker:
             self.sel.unregister(conn.sock)
             conn.watched = False
         conn.pending = bytearray()  # unsent bytes are discarded: memory is freed now
-        if abort:  # a reset, as the in-process transport.abort(): unsent kernel bytes go too
-            try:
-                conn.sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER,
-                                     struct.pack("ii", 1, 0))
+        if abort:
+            reset_on_close(conn.sock)
+            try:  # this is a duplicate: the parent's close, the last one, sends the reset
                 conn.sock.shutdown(socket.SHUT_RDWR)
             except OSError:
                 pass
