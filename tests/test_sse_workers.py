@@ -227,7 +227,7 @@ def test_shares_follow_measured_write_time_and_lose_no_event(
     """This process's tight loop is made to measure 500 us a client (clients then move to the
     worker, one a tick) or 1 ns (none moves, and a new client stays here); the worker's is
     measured. Every client still reads every tick once, in order."""
-    monkeypatch.setattr(sse_module, "moving_average", lambda _avg, _ns, n: parent_ns)
+    monkeypatch.setattr(sse_module, "moving_average", lambda *_: parent_ns)
     script = states(40)
 
     async def main() -> None:

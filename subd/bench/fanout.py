@@ -9,7 +9,7 @@ read), and a probe process (SCHED_FIFO when allowed) reads like a viewer.
 
 What is measured is ``time - due_ns`` of every event at every reading client, on the shared
 monotonic clock. For the bulk readers the time is the kernel's arrival stamp on their socket
-(``SO_TIMESTAMPNS``), not their read time: they are one ``selectors`` loop doing raw ``recv``
+(``SO_TIMESTAMPNS``), not their read time: they are one ``epoll`` loop doing raw ``recv``
 at normal priority (they stand for other machines; cheap per event, like a browser's network
 thread), and when that loop gets the CPU is not the server's error. The headline is the p99
 over all of them, and the p99 of the worst reader. The probe connects last, so it is the last
@@ -98,25 +98,23 @@ def _arrival_ns(anc: list[tuple[int, int, bytes]], offset_ns: int) -> int | None
     return None
 
 
-def _client(port: int, *, idle: bool) -> socket.socket:
+def _client(port: int, *, idle: bool, wait: bool = True) -> socket.socket:
+    """A connected client that has sent its request; with ``wait`` False, a non-blocking
+    connect in progress (the request is the caller's once it is writable): a blocking connect
+    can wait a second for a SYN resent when the server's listen queue is full, and every
+    reader of this process with it."""
     sock = socket.socket()
     if idle:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8192)  # slow and small
     else:
         sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
+    if not wait:
+        sock.setblocking(False)
+        sock.connect_ex(("127.0.0.1", port))
+        return sock
     sock.connect(("127.0.0.1", port))
     sock.sendall(_request(port))
     sock.setblocking(False)
-    return sock
-
-
-def _start_idle_client(port: int) -> socket.socket:
-    """Connect without waiting: a blocking connect can wait a second for a SYN resent when
-    the server's listen queue is full, and the readers of this process with it."""
-    sock = socket.socket()
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8192)
-    sock.setblocking(False)
-    sock.connect_ex(("127.0.0.1", port))
     return sock
 
 
@@ -191,7 +189,7 @@ def _bulk_main(port: int, n_readers: int, n_idle: int, measured: range, rejoin: 
             state[1].extend(stamp - due for k, due in events if k in measured)
         while rejoin_at and rejoin_at[0] <= time.monotonic() and not done:
             rejoin_at.popleft()
-            sock = _start_idle_client(port)
+            sock = _client(port, idle=True, wait=False)
             connecting[sock.fileno()] = sock
             ep.register(sock.fileno(), select.EPOLLOUT)
     print(json.dumps({"errors_ns": done, "rejoined": n_rejoined}), flush=True)
@@ -317,7 +315,7 @@ async def _serve_once(n_clients: int, n_ticks: int, fps: Fraction, event_bytes: 
                 arrival_p99_ms=percentile(arrivals_ms, 0.99),
                 every_p50_ms=percentile(every_ms, 0.5), every_p99_ms=percentile(every_ms, 0.99),
                 worst_p99_ms=max(percentile(r, 0.99) for r in readers_ns) / NS_PER_MS,
-                n_readers_measured=len(readers_ns), n_rejoined=n_rejoined,
+                n_rejoined=n_rejoined,
                 publish_p50_ms=percentile(publish_ms, 0.5),
                 publish_p99_ms=percentile(publish_ms, 0.99),
                 rss_idle_mb=rss_idle, rss_connected_mb=rss_connected, rss_end_mb=rss_end,

@@ -264,8 +264,8 @@ class SSESink:
                 n_short += 1
             client.last_write_ns = now
         self._n_fast = len(self._clients) - len(lagging)
-        if n_short * 10 <= self._n_fast:  # a loop of short writes (full sockets) is no measure
-            self._send_ns = moving_average(self._send_ns, time.monotonic_ns() - t0, self._n_fast)
+        self._send_ns = moving_average(self._send_ns, time.monotonic_ns() - t0, self._n_fast,
+                                       n_short)
         self._history.append((state.k, event))
         self._words.extend(prepared.words)
         self._cues.extend(prepared.cues)
@@ -372,11 +372,9 @@ class SSESink:
         if sock is None:
             return
         if self._send_ns and all(lk.send_ns for lk in links):  # by time: where it ends first
-            i = quickest((self._n_fast + 1) * self._send_ns,
-                         [(lk.n_fast, lk.send_ns) for lk in links])
-            if i is None:
+            link = self._quickest_link((self._n_fast + 1) * self._send_ns, links)
+            if link is None:
                 return
-            link = links[i]
         else:  # nothing measured yet: by count
             link = min(links, key=lambda lk: lk.n_clients)
             if link.n_clients >= len(self._clients) - 1:
@@ -384,8 +382,14 @@ class SSESink:
         self._move(client, link, sock)
 
     @staticmethod
+    def _quickest_link(here_ns: float, links: list[WorkerLink]) -> WorkerLink | None:
+        i = quickest(here_ns, [(link.n_fast, link.send_ns) for link in links])
+        return None if i is None else links[i]
+
+    @staticmethod
     def _movable(client: _Client) -> Any:
-        """The socket of a client up to date with everything published, else None."""
+        """The socket of a client up to date with everything published, else None (the test
+        ``publish``'s tight loop inlines, with ``fd``, to save a call per client)."""
         transport = client.transport
         if (not client.chunked or client.resync or client.stalled_ns is not None
                 or transport.get_write_buffer_size() or transport.is_closing()):
@@ -406,10 +410,9 @@ class SSESink:
         links = [link for link in self._links if link.alive and link.send_ns]
         if not links or not self._send_ns or self._n_fast < 2:
             return
-        i = quickest(self._n_fast * self._send_ns, [(lk.n_fast, lk.send_ns) for lk in links])
-        if i is None:
+        link = self._quickest_link(self._n_fast * self._send_ns, links)
+        if link is None:
             return
-        link = links[i]
         for client in reversed(self._clients):  # the newest up-to-date one
             sock = self._movable(client)
             if sock is not None:

@@ -79,12 +79,13 @@ def reset_on_close(sock: socket.socket) -> None:
         pass
 
 
-def moving_average(average_ns: float, loop_ns: int, n: int, *, min_n: int = 8,
-                   weight: float = 1 / 16) -> float:
-    """The fan-out loop's time per client, averaged over ticks: a loop of fewer than ``min_n``
-    clients is not counted (its fixed costs would pass for per-client ones); the first one
+def moving_average(average_ns: float, loop_ns: int, n: int, n_short: int = 0, *,
+                   min_n: int = 8, weight: float = 1 / 16) -> float:
+    """The fan-out loop's time per client, averaged over ticks. Not counted: a loop of fewer
+    than ``min_n`` clients (its fixed costs would pass for per-client ones), or one where more
+    than a tenth of the writes were short (full sockets cost another path). The first loop
     counted sets the average."""
-    if n < min_n:
+    if n < min_n or n_short * 10 > n:
         return average_ns
     per_client = loop_ns / n
     return per_client if average_ns <= 0 else average_ns + weight * (per_client - average_ns)
@@ -242,8 +243,8 @@ class FanoutWorker:
             if n != size:
                 partial.append((conn, n))
         self.n_fast = len(self.conns) - len(lagging) - len(failed)
-        if len(partial) * 10 <= self.n_fast:  # a loop of short writes (full sockets) is no measure
-            self.send_ns = moving_average(self.send_ns, time.monotonic_ns() - t0, self.n_fast)
+        self.send_ns = moving_average(self.send_ns, time.monotonic_ns() - t0, self.n_fast,
+                                      len(partial))
         for conn, n in partial:
             self._keep(conn, framed[n:])
         for conn in failed:
