@@ -31,19 +31,26 @@ def _register_package(package_name: str, subparsers: argparse._SubParsersAction)
             register(subparsers)
 
 
-def build_parser() -> argparse.ArgumentParser:
+def _wants_bench(argv: list[str]) -> bool:
+    """Whether the command line names ``bench`` (benchmark modules, and through them torch and
+    Triton, are imported only then: ``subd run`` must not load them into the publisher)."""
+    return next((a for a in argv if not a.startswith("-")), None) == "bench"
+
+
+def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="subd", description="Real-time subtitle daemon")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     _register_package("subd.commands", sub)
     bench = sub.add_parser("bench", help="benchmarks that print figures and ratios")
     bench_sub = bench.add_subparsers(dest="bench", metavar="BENCH")
-    _register_package("subd.bench", bench_sub)
+    if _wants_bench(sys.argv[1:] if argv is None else argv):
+        _register_package("subd.bench", bench_sub)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+    parser = build_parser(argv)
     try:
         args = parser.parse_args(argv)
     except SystemExit as exc:  # argparse exits 2 on usage errors, 0 on --help

@@ -75,11 +75,11 @@ class SourceConfig:
 @dataclass(frozen=True, slots=True)
 class RecognizerConfig:
     model: str = "tiny.en"
-    factory: str = ""  # "" = subd.streaming.StreamingRecognizer(model); or "module:callable"
+    factory: str = ""  # "" = subd.recognise.streaming.StreamingRecognizer(model); or "module:callable"
     process: bool = True  # run in its own process (never share the publisher's GIL)
     min_update_ms: int = field(default=200, metadata=rng(0, 10_000))
     # encoder input: the window's audio + this padding (0: Whisper's full 30 s; see
-    # subd.streaming.StreamingConfig.encoder_pad_ms)
+    # subd.recognise.streaming.StreamingConfig.encoder_pad_ms)
     encoder_pad_ms: int = field(default=2000, metadata=rng(0, 30_000))
     history_s: int = field(default=40, metadata=rng(31, 600))  # > Whisper's 30 s window
     start_timeout_s: int = field(default=300, metadata=rng(1, 3600))
@@ -88,7 +88,7 @@ class RecognizerConfig:
 @register_section("pipeline")
 @dataclass(frozen=True, slots=True)
 class PipelineConfig:
-    tagger: str = "auto"  # "auto" (subd.punct_stream if installed), "none", or "module:factory"
+    tagger: str = "auto"  # "auto" (subd.punct.stream if installed), "none", or "module:factory"
     layout: str = "none"  # "none" or "module:factory"
     tag_process: bool = True  # run a real tagger in its own process
     drain_timeout_s: float = field(default=30.0, metadata=rng(0, 3600))
@@ -276,7 +276,9 @@ def config_from_dict(data: dict[str, Any], path: str = "") -> Config:
     data = {**data, "sinks": sinks_table}
     for name in _CORE[:-1]:
         core[name] = build_section(name, _SECTIONS[name], data.get(name, {}))
-    from subd.ticks import parse_fps  # fps is a string: check it here, not at the first tick
+    from subd.pipeline.ticks import (
+        parse_fps,  # fps is a string: check it here, not at the first tick
+    )
 
     try:
         parse_fps(core["tick"].fps)

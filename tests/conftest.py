@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from subd.wer import normalise, word_errors  # noqa: F401 - re-exported for the tests
+from subd.scoring.wer import normalise, word_errors  # noqa: F401 - re-exported for the tests
 
 # Known sentences spoken by espeak-ng (synthetic but exact text).
 ESPEAK_SENTENCES = (

@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from subd.audio import (
+from subd.errors import AudioInputError, UserError
+from subd.sources.decode import (
     InputStats,
     PcmSpec,
     iter_audio_blocks,
@@ -23,7 +24,6 @@ from subd.audio import (
     load_audio,
     total_duration_s,
 )
-from subd.errors import AudioInputError, UserError
 
 SR = 16_000
 needs_ffmpeg = pytest.mark.skipif(shutil.which("ffmpeg") is None, reason="ffmpeg not installed")
@@ -143,7 +143,7 @@ def test_nan_and_inf_samples_are_replaced_counted_and_reported_once(tmp_path, ca
     sf.write(path, x, SR, subtype="FLOAT")
     stats = InputStats()
 
-    with caplog.at_level(logging.WARNING, logger="subd.audio"):
+    with caplog.at_level(logging.WARNING, logger="subd.sources.decode"):
         out = load_audio(path, stats=stats)
 
     assert np.isfinite(out).all()
@@ -373,7 +373,7 @@ def test_short_reads_are_stitched_and_trailing_partial_frame_dropped(caplog):
     x = (sine(SR, 0.5) * 32767).astype("<i2")
     data = np.stack([x, -x], axis=1).tobytes() + b"\x01\x02\x03"  # 3 bytes of a 4-byte frame
     stats = InputStats()
-    with caplog.at_level(logging.WARNING, logger="subd.audio"):
+    with caplog.at_level(logging.WARNING, logger="subd.sources.decode"):
         out = np.concatenate(
             list(
                 iter_pcm_blocks(TrickleStream(data, 7), channels=2, block_samples=1000, stats=stats)

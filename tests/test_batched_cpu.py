@@ -6,11 +6,11 @@ import numpy as np
 import pytest
 import torch
 
-from subd.audio import load_audio
 from subd.kernels.mel import log_mel, pad_or_trim_frames
 from subd.kernels.mel_gpu import log_mel_batch, n_frames_for
 from subd.models.batched import BatchedEngine, EngineConfig
 from subd.models.decoding import DecodeOptions
+from subd.sources.decode import load_audio
 
 OPTIONS = DecodeOptions(max_new_tokens=96)  # both engines: the clips need < 60 tokens
 

@@ -41,8 +41,8 @@ def test_soak_marks_fall_on_loop_boundaries(speech_clips):
 
 
 def test_realtime_default_audio_is_every_librivox_clip_joined(speech_clips):
-    from subd.audio import load_audio
     from subd.bench.realtime import joined_clips
+    from subd.sources.decode import load_audio
 
     audio, text = joined_clips(gap_s=0.75)
     assert len(audio) == sum(len(load_audio(c.path)) + 12_000 for c in speech_clips)

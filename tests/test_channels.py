@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import asyncio
 
-from subd.channels import (
+from subd.service.health import HealthMonitor
+from subd.service.supervisor import (
     FAILED,
     RESTARTING,
     RUNNING,
@@ -13,7 +14,6 @@ from subd.channels import (
     ChannelSupervisor,
     RestartPolicy,
 )
-from subd.health import HealthMonitor
 
 S = 1_000_000_000
 
@@ -198,7 +198,7 @@ def test_healthz_reports_sources_stalls_and_the_model_over_http():
     from aiohttp import ClientSession, web
     from aiohttp.test_utils import TestServer
 
-    from subd.health import HealthLimits, health_handler
+    from subd.service.health import HealthLimits, health_handler
 
     clock = FakeClock()
     health = HealthMonitor(HealthLimits(stall_after_ns=S, max_lag_ns=5 * S), now_ns=clock.now_ns)

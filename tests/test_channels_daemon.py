@@ -34,7 +34,7 @@ from prometheus_client.parser import text_string_to_metric_families
 OTHER_CLIP = LIBRIVOX / "sense_and_sensibility_01_austen_64kb-0930.wav"
 
 pytestmark = pytest.mark.skipif(
-    not OTHER_CLIP.exists() or importlib.util.find_spec("subd.streaming") is None,
+    not OTHER_CLIP.exists() or importlib.util.find_spec("subd.recognise.streaming") is None,
     reason="needs the LibriVox clips (pocketsphinx-testdata) and the streaming recogniser")
 
 

@@ -9,9 +9,9 @@ from fractions import Fraction
 import pytest
 
 from subd.clock import Clock, FakeClock, MonotonicClock
-from subd.drift import DriftEstimator
 from subd.errors import ConfigError
-from subd.ticks import TickGrid, fps_text, parse_fps
+from subd.pipeline.ticks import TickGrid, fps_text, parse_fps
+from subd.sources.drift import DriftEstimator
 from subd.types import SAMPLE_RATE_HZ
 
 S = 1_000_000_000

@@ -30,7 +30,7 @@ from daemon_helpers import (
 from prometheus_client.parser import text_string_to_metric_families
 
 pytestmark = pytest.mark.skipif(
-    not SHORT_CLIP.exists() or importlib.util.find_spec("subd.streaming") is None,
+    not SHORT_CLIP.exists() or importlib.util.find_spec("subd.recognise.streaming") is None,
     reason="needs the LibriVox clips (pocketsphinx-testdata) and the streaming recogniser")
 
 LATENCY_MS = 1000

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from subd.audio import load_audio
+from subd.sources.decode import load_audio
 
 
 def test_logit_rows_select_the_same_logits(engine):

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from subd.audio import load_audio
 from subd.kernels.mel import log_mel, pad_or_trim_frames
+from subd.sources.decode import load_audio
 from tests.conftest import normalise, word_errors
 
 ENCODER_ATOL = 1e-3  # fp16 weights widened to fp32 on both sides; observed max |diff| ≈ 1.4e-4

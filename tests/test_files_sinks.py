@@ -15,10 +15,10 @@ import pytest
 import webvtt
 
 from subd.errors import ConfigError
-from subd.layout import CueLayout
+from subd.layout.cues import CueLayout
 from subd.sinks import files
 from subd.sinks.files import FileSinkConfig, SRTSink, VTTSink
-from subd.sinks.scripted import script_states, script_words
+from subd.testing.sinks import script_states, script_words
 from subd.types import Cue
 
 

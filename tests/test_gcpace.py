@@ -5,7 +5,7 @@ from __future__ import annotations
 import gc
 import weakref
 
-from subd.gcpace import GcPacer
+from subd.pipeline.gcpace import GcPacer
 
 
 class Node:

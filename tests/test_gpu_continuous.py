@@ -10,12 +10,12 @@ import numpy as np
 import pytest
 import torch
 
-from subd.audio import load_audio
 from subd.kernels.mel_gpu import log_mel_batch
 from subd.models.batched import BatchedEngine, EngineConfig
 from subd.models.batched_continuous import ContinuousDecoder, Request
 from subd.models.decoding import DecodeOptions
 from subd.models.engine import FallbackPolicy
+from subd.sources.decode import load_audio
 
 OPTIONS = DecodeOptions(max_new_tokens=96)
 N_FRAMES = 3000  # the single-stream engine's full window, so tokens compare exactly

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from subd.gpu_scheduler import CostModel, GpuScheduler, Update
+from subd.gpu.scheduler import CostModel, GpuScheduler, Update
 
 MS = 1_000_000
 

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from subd.audio import load_audio
 from subd.bench.gpu import _options, _policy
 from subd.bench.gpu_sim import SimConfig
-from subd.bench.gpu_stream import StreamServer, simulate_stream
+from subd.gpu.stream import StreamServer, simulate_stream
 from subd.models.batched import BatchedEngine, EngineConfig
+from subd.sources.decode import load_audio
 
 
 class StepClock:

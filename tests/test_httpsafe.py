@@ -9,7 +9,7 @@ from aiohttp import ClientSession, web
 from aiohttp.test_utils import TestServer
 
 from subd.errors import ConfigError
-from subd.httpsafe import (
+from subd.server.safety import (
     HttpLimits,
     accepts_writes,
     bearer_ok,

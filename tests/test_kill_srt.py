@@ -1,7 +1,7 @@
 """SIGKILL a live SRT writer at random moments: the file stays valid and holds every cue
 committed at least 1 s before the kill.
 
-The writer is a separate process fed at tick rate (``python -m subd.sinks.scripted``, which
+The writer is a separate process fed at tick rate (``python -m subd.testing.sinks``, which
 reports ``committed N T`` lines). WRITER_CMD is the one place to swap in ``subd stream``.
 """
 
@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pysrt
 
-from subd.layout import CueLayout
-from subd.sinks.scripted import SPEECH, script_states, script_words
+from subd.layout.cues import CueLayout
+from subd.testing.sinks import SPEECH, script_states, script_words
 
 N_KILLS = 20
 SPEED = 15  # audio ticks per real tick: a cue is committed about every 0.25 s
@@ -27,7 +27,7 @@ REPEAT = 3  # the script lasts longer than the latest kill
 
 
 def writer_cmd(directory: Path) -> list[str]:
-    return [sys.executable, "-m", "subd.sinks.scripted", str(directory), "--speed", str(SPEED),
+    return [sys.executable, "-m", "subd.testing.sinks", str(directory), "--speed", str(SPEED),
             "--repeat", str(REPEAT)]
 
 

@@ -7,9 +7,9 @@ import re
 import pytest
 
 from subd.errors import ConfigError
-from subd.layout import CueLayout, LayoutConfig, RollUp, token_of
-from subd.layout_rules import GLUE_WORDS
-from subd.sinks.scripted import SPEECH, script_states, script_words
+from subd.layout.cues import CueLayout, LayoutConfig, RollUp, token_of
+from subd.layout.rules import GLUE_WORDS
+from subd.testing.sinks import SPEECH, script_states, script_words
 from subd.types import CaptionState, Cue, TaggedWord, Word
 
 MS = 1_000_000

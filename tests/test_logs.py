@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from subd.logs import RepeatFilter, setup_logging, under_journald
+from subd.service.logs import RepeatFilter, setup_logging, under_journald
 
 
 class FakeClock:
@@ -77,7 +77,7 @@ def test_repeated_errors_are_counted_not_repeated(restore_root_logging):
     clock = FakeClock()
     repeat = setup_logging(stream=stream, env={"JOURNAL_STREAM": "1:1"},
                            repeat_interval_s=10.0, clock_s=clock)
-    log = logging.getLogger("subd.http")
+    log = logging.getLogger("subd.server.app")
     for _ in range(58):
         log.error("bad request")
         clock.now_s += 0.01
@@ -85,19 +85,19 @@ def test_repeated_errors_are_counted_not_repeated(restore_root_logging):
     log.info("status line")
     log.info("status line")  # info is never rate-limited
     assert _lines(stream) == [
-        "<3>ERROR subd.http: bad request",
-        "<3>ERROR subd.http: other problem",
-        "<6>INFO subd.http: status line",
-        "<6>INFO subd.http: status line",
+        "<3>ERROR subd.server.app: bad request",
+        "<3>ERROR subd.server.app: other problem",
+        "<6>INFO subd.server.app: status line",
+        "<6>INFO subd.server.app: status line",
     ]
     clock.now_s += 10.0
     log.error("bad request")
-    assert _lines(stream)[-1] == "<3>ERROR subd.http: bad request (repeated 57 times)"
+    assert _lines(stream)[-1] == "<3>ERROR subd.server.app: bad request (repeated 57 times)"
     for _ in range(3):
         log.error("bad request")
     clock.now_s += 10.0
     assert repeat.flush() == 1  # the errors stopped: their count still gets out
-    assert _lines(stream)[-1] == "<3>ERROR subd.http: bad request (repeated 3 times)"
+    assert _lines(stream)[-1] == "<3>ERROR subd.server.app: bad request (repeated 3 times)"
     assert repeat.flush() == 0
 
 

@@ -8,7 +8,7 @@ from aiohttp import ClientSession, web
 from aiohttp.test_utils import TestServer
 from prometheus_client.parser import text_string_to_metric_families
 
-from subd.metrics import Metrics, metrics_handler
+from subd.service.metrics import Metrics, metrics_handler
 
 MS = 1_000_000
 
@@ -110,11 +110,11 @@ def test_two_daemons_in_one_process_do_not_share_series():
 def test_ops_observer_feeds_metrics_health_and_the_watchdog(tmp_path):
     import socket
 
-    from subd.health import HealthMonitor
-    from subd.metrics import OpsObserver
-    from subd.notify import Notifier
-    from subd.stages import RecogniseResult
+    from subd.service.health import HealthMonitor
+    from subd.service.metrics import OpsObserver
+    from subd.service.notify import Notifier
     from subd.types import CaptionState, Hypothesis, Word
+    from subd.workers.hosts import RecogniseResult
 
     path = str(tmp_path / "notify.sock")
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from subd.notify import Notifier, scrub_child_environment, socket_address
+from subd.service.notify import Notifier, scrub_child_environment, socket_address
 
 
 @pytest.fixture
@@ -110,11 +110,11 @@ def test_without_notify_socket_everything_is_a_no_op():
 
 def test_vanished_socket_warns_once_and_never_raises(tmp_path, caplog):
     notifier = Notifier(env={"NOTIFY_SOCKET": str(tmp_path / "gone.sock")})
-    with caplog.at_level(logging.WARNING, logger="subd.notify"):
+    with caplog.at_level(logging.WARNING, logger="subd.service.notify"):
         assert not notifier.ready()
         assert not notifier.status("still here")
     notifier.close()
-    warnings = [r for r in caplog.records if r.name == "subd.notify"]
+    warnings = [r for r in caplog.records if r.name == "subd.service.notify"]
     assert len(warnings) == 1
     assert "gone.sock" in warnings[0].getMessage()
 

@@ -28,8 +28,8 @@ def _session(path):
 def test_encoder_onnx_matches_torch_for_any_batch_and_length(exported, speech_clips, engine,
                                                              batch, frames):
     model, (enc_path, _) = exported
-    from subd.audio import load_audio
     from subd.kernels.mel import log_mel, pad_or_trim_frames
+    from subd.sources.decode import load_audio
 
     mels = [pad_or_trim_frames(log_mel(load_audio(c.path)), frames) for c in speech_clips[:batch]]
     mel = torch.stack(mels)

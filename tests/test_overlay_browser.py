@@ -22,8 +22,9 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from subd.sinks.scripted import feed, script_states, script_words
-from subd.sinks.sse import SSEConfig, SSESink
+from subd.server.standalone import serve_if_configured
+from subd.sinks.sse.sink import SSEConfig, SSESink
+from subd.testing.sinks import feed, script_states, script_words
 
 ARTIFACTS = Path(__file__).resolve().parents[1] / "artifacts"
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -32,7 +33,7 @@ pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="chromium is not instal
 
 @asynccontextmanager
 async def scripted_feeder() -> AsyncIterator[str]:
-    sink = SSESink(SSEConfig(host="127.0.0.1", port=0, latency_ms=0))
+    sink = serve_if_configured(SSESink(SSEConfig(host="127.0.0.1", port=0, latency_ms=0)))
     await sink.start()
     task = asyncio.create_task(feed([sink], script_states(script_words())), name="feeder")
     try:

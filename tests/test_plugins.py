@@ -18,12 +18,12 @@ from subd.errors import ConfigError
 from subd.sinks import Sink, available_sinks, load_sink_factory
 from subd.sinks.files import FileSinkConfig, SRTSink, VTTSink
 from subd.sinks.obs import OBSConfig, OBSSink
-from subd.sinks.scripted import script_states, script_words
-from subd.sinks.sse import SSESink
+from subd.sinks.sse.sink import SSESink
+from subd.testing.sinks import script_states, script_words
 
 ROOT = Path(__file__).resolve().parents[1]
 BUILT_INS = {
-    "sse": "subd.sinks.sse:SSESink",
+    "sse": "subd.sinks.sse.sink:SSESink",
     "srt": "subd.sinks.files:SRTSink",
     "vtt": "subd.sinks.files:VTTSink",
     "obs": "subd.sinks.obs:OBSSink",

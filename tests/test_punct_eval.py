@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from subd.bench.punct_e2e import SpokenSession, session_reference
-from subd.punct_eval import cached_hypotheses, reference_words, score
+from subd.scoring.punct import cached_hypotheses, reference_words, score
 from subd.types import AudioChunk, Hypothesis, Word
 
 
@@ -122,7 +122,7 @@ def test_librivox_reference_ends_a_sentence_where_the_audio_skips_text() -> None
 
 
 def test_replayed_hypotheses_mark_edges_of_each_commit() -> None:
-    from subd.punct_eval import replay
+    from subd.scoring.punct import replay
     from subd.types import Hypothesis, Word
 
     class Echo:  # a tagger stream that keeps the recogniser's marks

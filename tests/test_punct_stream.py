@@ -8,7 +8,7 @@ import pytest
 
 from subd.errors import ConfigError
 from subd.models.punct import PunctTagger, render
-from subd.punct_stream import PunctConfig, PunctStream
+from subd.punct.stream import PunctConfig, PunctStream
 from subd.types import Hypothesis, Word
 
 MS = 1_000_000

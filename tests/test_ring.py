@@ -8,10 +8,11 @@ from fractions import Fraction
 import numpy as np
 import pytest
 
-from subd.ingest import Ingest
-from subd.ring import AudioHistory, FeatureHistory, RingCalibration, SlotFlag, SlotRing, n_slots_for
-from subd.ticks import TickGrid
-from subd.tickstats import Counters
+from subd.history import AudioHistory
+from subd.pipeline.ingest import Ingest
+from subd.pipeline.ring import FeatureHistory, RingCalibration, SlotFlag, SlotRing, n_slots_for
+from subd.pipeline.ticks import TickGrid
+from subd.pipeline.tickstats import Counters
 from subd.types import AudioChunk
 
 

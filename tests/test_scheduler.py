@@ -13,14 +13,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from subd.clock import FakeClock
-from subd.events_log import EventsLog, read_events
-from subd.ring import AudioHistory
-from subd.scheduler import PREPARE_NS, Pipeline, TickSettings
-from subd.scripted import script_words
-from subd.sources import FileSource
-from subd.stages import FactorySpec, RecogniserHost, TagHost, TagRequest
+from subd.history import AudioHistory
+from subd.pipeline.scheduler import PREPARE_NS, Pipeline, TickSettings
+from subd.sinks.events_log import EventsLog, read_events
+from subd.sources.live import FileSource
+from subd.testing.recognizer import script_words
 from subd.types import SAMPLE_RATE_HZ, AudioChunk, CaptionState
-from subd.worker import InlineWorker
+from subd.workers.hosts import FactorySpec, RecogniserHost, TagHost, TagRequest
+from subd.workers.process import InlineWorker
 
 MS = 1_000_000
 T0_NS = 5_000_000_000
@@ -86,7 +86,7 @@ def run_pipeline(tmp_path, *, seconds: float = 6.0, fps: str = "30", latency_ms:
     async def main():
         clock = FakeClock(start_ns=T0_NS)
         history = AudioHistory(SAMPLE_RATE_HZ * 40)
-        rec_spec = FactorySpec("subd.scripted:ScriptedRecognizer",
+        rec_spec = FactorySpec("subd.testing.recognizer:ScriptedRecognizer",
                                {"words": script, "commit_delay_ms": commit_delay_ms})
         rec = InlineWorker("recognise", RecogniserHost(rec_spec, history.capacity,
                                                        history=history), clock, rec_delay)
@@ -281,7 +281,7 @@ def test_latency_holds_against_a_sound_card_100_ppm_fast():
         clock = FakeClock(start_ns=T0_NS, settle_turns=12)
         history = AudioHistory(SAMPLE_RATE_HZ * 40)
         rec = InlineWorker("recognise", RecogniserHost(
-            FactorySpec("subd.scripted:ScriptedRecognizer", {"words": []}), history.capacity,
+            FactorySpec("subd.testing.recognizer:ScriptedRecognizer", {"words": []}), history.capacity,
             history=history), clock, lambda r: 50 * MS)
         tag = InlineWorker("tag", TagHost(None), clock, lambda r: 2 * MS)
         sink = ListSink()

@@ -14,8 +14,8 @@ import textwrap
 import pytest
 
 from subd.errors import ConfigError
-from subd.notify import Notifier
-from subd.signals import EXIT_FORCED, EXIT_OK, Reloader, SignalController
+from subd.service.notify import Notifier
+from subd.service.signals import EXIT_FORCED, EXIT_OK, Reloader, SignalController
 
 
 @pytest.fixture
@@ -123,7 +123,7 @@ def test_sighup_reloads_and_a_bad_file_keeps_the_old_configuration(notify_pair, 
     settle.n = 0
 
     ctl = SignalController(drain, reload=reloader, notifier=notifier)
-    with caplog.at_level(logging.INFO, logger="subd.signals"):
+    with caplog.at_level(logging.INFO, logger="subd.service.signals"):
         code = asyncio.run(_controlled(ctl, signal.SIGHUP, signal.SIGHUP, signal.SIGTERM,
                                        between=settle))
     assert code == EXIT_OK
@@ -172,7 +172,7 @@ def test_real_process_exits_zero_on_sigterm_after_draining():
     script = textwrap.dedent(
         """
         import asyncio, sys
-        from subd.signals import SignalController
+        from subd.service.signals import SignalController
 
         async def drain():
             await asyncio.sleep(0.1)

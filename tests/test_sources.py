@@ -16,7 +16,7 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from subd.clock import FakeClock
 from subd.errors import AudioInputError
-from subd.sources import (
+from subd.sources.live import (
     FileSource,
     MicSource,
     PcmStreamSource,

@@ -12,9 +12,10 @@ from fractions import Fraction
 import pytest
 
 from subd.errors import ConfigError
-from subd.layout import token_of
-from subd.sinks.scripted import script_states, script_words
-from subd.sinks.sse import SSEConfig, SSESink
+from subd.layout.cues import token_of
+from subd.server.standalone import serve_if_configured
+from subd.sinks.sse.sink import SSEConfig, SSESink
+from subd.testing.sinks import script_states, script_words
 from subd.types import CaptionState, TaggedWord, Word
 
 MS = 1_000_000
@@ -86,7 +87,7 @@ async def connect(
 @asynccontextmanager
 async def running(config: SSEConfig | None = None, **kw) -> AsyncIterator[SSESink]:
     config = config or SSEConfig(host="127.0.0.1", port=0, **kw)
-    sink = SSESink(config)
+    sink = serve_if_configured(SSESink(config))
     await sink.start()
     try:
         yield sink
@@ -217,7 +218,7 @@ def test_client_that_does_not_read_is_skipped_then_resynced_then_dropped() -> No
     async def main() -> None:
         config = SSEConfig(host="127.0.0.1", port=0, client_buffer_bytes=4096,
                            drop_after_ms=5000)
-        sink = SSESink(config, clock=lambda: now[0])
+        sink = serve_if_configured(SSESink(config, clock=lambda: now[0]))
         await sink.start()
         slow = await connect(sink.port, rcvbuf=4096)
         fast = await connect(sink.port)

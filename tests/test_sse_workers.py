@@ -11,11 +11,12 @@ import pytest
 from test_sse import EVENT, STATE, Conn, _drain, connect, running, states
 
 from subd.errors import ConfigError
-from subd.layout import token_of
-from subd.sinks import sse as sse_module
-from subd.sinks import sse_worker
-from subd.sinks.sse import SSEConfig, SSESink, quickest
-from subd.sinks.sse_wire import HEARTBEAT, chunk
+from subd.layout.cues import token_of
+from subd.server.standalone import serve_if_configured
+from subd.sinks.sse import sink as sse_module
+from subd.sinks.sse import worker as sse_worker
+from subd.sinks.sse.sink import SSEConfig, SSESink, quickest
+from subd.sinks.sse.wire import HEARTBEAT, chunk
 from subd.types import CaptionState
 
 MS = 1_000_000
@@ -104,7 +105,7 @@ def test_worker_skips_resyncs_and_drops_a_client_that_does_not_read() -> None:
     async def main() -> None:
         config = SSEConfig(host="127.0.0.1", port=0, client_buffer_bytes=4096,
                            drop_after_ms=5000, fanout_workers=1)
-        sink = SSESink(config, clock=lambda: now[0])
+        sink = serve_if_configured(SSESink(config, clock=lambda: now[0]))
         await sink.start()
         fast = await connect(sink.port)
         slow = await handed_off(sink, sink.port, 1, rcvbuf=4096)

@@ -13,13 +13,13 @@ import soundfile as sf
 
 from subd.cli import main
 from subd.config import load_config
-from subd.daemon import Daemon
-from subd.events_log import read_events
-from subd.scripted import script_words
+from subd.service.daemon import Daemon
 from subd.sinks import available_sinks
-from subd.sources import FileSource
-from subd.stages import FactorySpec
+from subd.sinks.events_log import read_events
+from subd.sources.live import FileSource
+from subd.testing.recognizer import script_words
 from subd.types import SAMPLE_RATE_HZ
+from subd.workers.hosts import FactorySpec
 
 
 @pytest.fixture
@@ -38,7 +38,7 @@ def test_pipeline_with_worker_processes_publishes_every_word_once(tmp_path, sile
     source = FileSource.from_path(silent_wav, speed=Fraction(2), jitter_ms=30)
     events = tmp_path / "events.jsonl"
     daemon = Daemon(cfg, source, events_path=str(events),
-                    recognizer=FactorySpec("subd.scripted:ScriptedRecognizer",
+                    recognizer=FactorySpec("subd.testing.recognizer:ScriptedRecognizer",
                                            {"words": script, "commit_delay_ms": 400}))
     counters = asyncio.run(daemon.run())
     start, ticks = read_events(events)
@@ -103,8 +103,8 @@ def test_bad_config_file_is_one_line(tmp_path, silent_wav, capsys):
 
 
 needs_recogniser = pytest.mark.skipif(
-    importlib.util.find_spec("subd.streaming") is None,
-    reason="the streaming recogniser (subd/streaming.py, the lead's) is not installed yet")
+    importlib.util.find_spec("subd.recognise.streaming") is None,
+    reason="the streaming recogniser (subd/recognise/streaming.py, the lead's) is not installed yet")
 
 
 @needs_recogniser
@@ -151,12 +151,12 @@ def test_run_shipped_config_serves_events_from_the_demo_clip(tmp_path):
     import sys
     from pathlib import Path
 
-    from subd.daemon import DEMO_CLIP
+    from subd.service.daemon import DEMO_CLIP
 
     repo = Path(__file__).resolve().parent.parent
     if not (repo / "subd" / Path(*DEMO_CLIP)).is_file():
         pytest.skip("the bundled demo clip subd/data/demo.wav is not there yet")
-    if "sse" not in available_sinks() or importlib.util.find_spec("subd.streaming") is None:
+    if "sse" not in available_sinks() or importlib.util.find_spec("subd.recognise.streaming") is None:
         pytest.skip("needs the registered sse sink and the streaming recogniser")
     text = (repo / "config.toml").read_text()
     assert "port = 8765" in text and 'host = "127.0.0.1"' in text
@@ -209,7 +209,7 @@ path = "{silent_wav}"
 speed = 4.0
 loop = false
 [recognizer]
-factory = "subd.scripted:ScriptedRecognizer"
+factory = "subd.testing.recognizer:ScriptedRecognizer"
 [pipeline]
 tagger = "none"
 [sinks]
@@ -226,7 +226,7 @@ path = "{events}"
 
 def test_daemon_serves_sse_events_carrying_tick_and_due_time(tmp_path, silent_wav):
     aiohttp = pytest.importorskip("aiohttp")
-    from subd.sinks.sse import SSESink
+    from subd.sinks.sse.sink import SSESink
 
     cfg = load_config(None)
     cfg = cfg.replace(tick=cfg.tick.__class__(latency_ms=700, realtime=False),
@@ -234,7 +234,7 @@ def test_daemon_serves_sse_events_carrying_tick_and_due_time(tmp_path, silent_wa
     source = FileSource.from_path(silent_wav, speed=Fraction(4))
     sink = SSESink()
     daemon = Daemon(cfg, source, sinks=[sink], serve=("127.0.0.1", 0),
-                    recognizer=FactorySpec("subd.scripted:ScriptedRecognizer"))
+                    recognizer=FactorySpec("subd.testing.recognizer:ScriptedRecognizer"))
 
     async def main_():
         run = asyncio.ensure_future(daemon.run())

@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from subd.audio import load_audio
 from subd.errors import ConfigError
-from subd.streaming import StreamingConfig, StreamingRecognizer
+from subd.recognise.streaming import StreamingConfig, StreamingRecognizer
+from subd.sources.decode import load_audio
 from subd.types import SAMPLE_RATE_HZ, AudioChunk, samples_to_ns
 from tests.conftest import normalise, word_errors
 
@@ -47,7 +47,7 @@ def joined(speech_clips):
 
 
 def test_streaming_wer_within_1_5_points_of_offline(int8_engine, joined):
-    from subd.transcriber import Transcriber
+    from subd.recognise.offline import Transcriber
 
     audio, ref = joined
     offline_words = [
@@ -130,7 +130,7 @@ class _ScriptedEngine:
 
 def _voiced(audio: np.ndarray, n_frames: int, n_voiced: int = 5) -> np.ndarray:
     """``n_frames`` × 30 ms of ``audio`` whose last ``n_voiced`` frames the VAD calls speech."""
-    from subd.vad import FRAME_SAMPLES, VoiceActivityDetector
+    from subd.recognise.vad import FRAME_SAMPLES, VoiceActivityDetector
 
     mask = VoiceActivityDetector().speech_mask(audio)
     for i in range(n_frames - n_voiced, len(mask) - n_voiced):
@@ -185,7 +185,7 @@ def test_finish_commits_the_last_word_once(speech_clips):
 def test_a_looping_decode_is_bounded_by_the_window(int8_engine, speech_clips):
     """Looped audio invites Whisper to repeat the sentence its prompt already holds, up to
     ~180 words for 2 s of audio. The window's token budget bounds every hypothesis."""
-    from subd.streaming import TOKENS_BASE, TOKENS_PER_S
+    from subd.recognise.streaming import TOKENS_BASE, TOKENS_PER_S
 
     clip = next(c for c in speech_clips if "0870" in c.path.name)
     audio = np.tile(load_audio(clip.path), 4)

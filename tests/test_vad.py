@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from subd.audio import load_audio
-from subd.vad import FRAME_SAMPLES, VoiceActivityDetector, regions_from_mask
+from subd.recognise.vad import FRAME_SAMPLES, VoiceActivityDetector, regions_from_mask
+from subd.sources.decode import load_audio
 
 SR = 16_000
 LIBRIVOX = sorted(Path("/usr/share/pocketsphinx/test/data/librivox").glob("*.wav"))

@@ -152,8 +152,8 @@ def report(rows: list[AlignedWord], tails: list[AlignedWord] = ()) -> str:
 def main(argv: list[str] | None = None) -> int:
     from subd.bench.punct_e2e import spoken_sessions
     from subd.models.engine import WhisperEngine
-    from subd.punct_eval import stream_hypotheses
-    from subd.streaming import StreamingRecognizer
+    from subd.recognise.streaming import StreamingRecognizer
+    from subd.scoring.punct import stream_hypotheses
 
     p = argparse.ArgumentParser(prog="python -m subd.models.punct.calibrate")
     p.add_argument("--sessions", type=int, default=3)

@@ -234,16 +234,17 @@ def percentile(values: list[float], q: float) -> float:
 
 async def _serve_once(n_clients: int, n_ticks: int, fps: Fraction, event_bytes: int,
                       warmup: int, n_workers: int, rejoin: bool) -> dict[str, Any]:
-    from subd.gcpace import PACER
-    from subd.sinks.scripted import script_states, script_words
-    from subd.sinks.sse import SSEConfig, SSESink
+    from subd.pipeline.gcpace import PACER
+    from subd.server.standalone import ServedSink
+    from subd.sinks.sse.sink import SSEConfig, SSESink
+    from subd.testing.sinks import script_states, script_words
     from subd.types import CaptionState
 
     measured = range(warmup, n_ticks)
     n_idle = n_clients // 2
     n_readers = n_clients - n_idle - 1  # the probe is a reader too
-    sink = SSESink(SSEConfig(host="127.0.0.1", port=0, max_clients=n_clients + 16,
-                             fanout_workers=n_workers))
+    sink = ServedSink(SSESink(SSEConfig(max_clients=n_clients + 16, fanout_workers=n_workers)),
+                      "127.0.0.1")
     await sink.start()
     rss_idle = rss_mb()
     py = [sys.executable, "-c"]

@@ -22,7 +22,7 @@ import numpy as np
 
 from subd.bench.gpu_sim import SimConfig, SimResult, simulate
 from subd.errors import UserError
-from subd.gpu_scheduler import CostModel
+from subd.gpu.scheduler import CostModel
 
 CLIP_DIRS = (Path("/usr/share/pocketsphinx/test/data/librivox"), Path(".benchdata/librivox"))
 BENCH_TEMPERATURES = (0.0, 0.2, 0.4)  # capped fallback; all keep the prompt (≤ 0.5)
@@ -65,7 +65,7 @@ class RoundServer:
 
     def __init__(self, engine, library: np.ndarray, n_streams: int, window_s: float,
                  n_frames: int):
-        from subd.bench.gpu_stream import StreamAudio
+        from subd.gpu.stream import StreamAudio
 
         self.engine, self.n_frames = engine, n_frames
         self.audio = StreamAudio(engine, library, n_streams, window_s)
@@ -173,7 +173,7 @@ def search(label: str, counts: list[int], make_server, base: SimConfig, n_lib: i
 
     ``make_server(n)`` gives a ``StreamServer`` (continuous batching) or a round function
     (one blocking round per scheduler plan, as naive serving runs)."""
-    from subd.bench.gpu_stream import StreamServer, simulate_stream
+    from subd.gpu.stream import StreamServer, simulate_stream
 
     best, trials = None, []
     cost = CostModel()  # learned across the trials of one server, as a running server would
@@ -217,7 +217,7 @@ def run(args) -> int:
     import torch
 
     from subd.bench.gpu_checks import front_end_and_transcript_checks, warm_engine
-    from subd.bench.gpu_stream import StreamServer
+    from subd.gpu.stream import StreamServer
     from subd.models.batched import BatchedEngine, EngineConfig
 
     if args.device == "cuda" and not torch.cuda.is_available():

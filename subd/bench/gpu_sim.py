@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from subd.gpu_scheduler import CostModel, GpuScheduler, Update
+from subd.gpu.scheduler import CostModel, GpuScheduler, Update
 
 SAMPLE_RATE_HZ = 16_000
 NS_PER_MS = 1_000_000

@@ -55,7 +55,7 @@ def _stream(
     the baseline that waiting for right context replaces.
     """
     from subd.models.punct import SENTENCE_END, tag_words
-    from subd.punct_stream import PunctConfig, PunctStream
+    from subd.punct.stream import PunctConfig, PunctStream
 
     stream = PunctStream(tagger, PunctConfig(recogniser_marks=use_marks))
     marks: list[str] = []

@@ -50,7 +50,7 @@ LIBRIVOX_REFERENCE = " ".join(t for _, t, _ in LIBRIVOX_CLIPS)  # the book's own
 
 def librivox_reference() -> list[tuple[str, str]]:
     """Reference words of the clips as heard: a sentence ends where the audio skips text."""
-    from subd.punct_eval import SENTENCE_END, reference_words
+    from subd.scoring.punct import SENTENCE_END, reference_words
 
     ref: list[tuple[str, str]] = []
     for _, text, continues in LIBRIVOX_CLIPS:
@@ -80,7 +80,7 @@ class E2EResult:
 
 def build_speech() -> tuple[np.ndarray, list[tuple[str, str]]]:
     """The acceptance audio (LibriVox clips, then the news paragraph) and its reference words."""
-    from subd.audio import load_audio
+    from subd.sources.decode import load_audio
 
     wavs = sorted(LIBRIVOX.glob("*.wav"))
     exe = shutil.which("espeak-ng")
@@ -98,7 +98,7 @@ def build_speech() -> tuple[np.ndarray, list[tuple[str, str]]]:
             [exe, "-v", "en-us", "-s", "160", "-w", str(out), NEWS_PARAGRAPH], check=True
         )
         parts.append(load_audio(out))
-    from subd.punct_eval import reference_words
+    from subd.scoring.punct import reference_words
 
     return np.concatenate(parts), librivox_reference() + reference_words(NEWS_PARAGRAPH)
 
@@ -124,7 +124,7 @@ class SpokenSession:
 
 
 def _espeak(exe: str, voice: str, speed_wpm: int, text: str) -> np.ndarray:
-    from subd.audio import load_audio
+    from subd.sources.decode import load_audio
 
     with tempfile.TemporaryDirectory() as tmp:
         wav = Path(tmp) / "speech.wav"
@@ -181,7 +181,7 @@ def spoken_sessions(held_out: bool, n_sessions: int, seed: int) -> list[SpokenSe
 def session_reference(session: SpokenSession) -> list[tuple[str, str]]:
     """Reference words of a stream; a paragraph ends a sentence even where its text has a
     clause mark or none (the next paragraph is unrelated text after a pause)."""
-    from subd.punct_eval import SENTENCE_END, reference_words
+    from subd.scoring.punct import SENTENCE_END, reference_words
 
     ref: list[tuple[str, str]] = []
     for _, text in session.paragraphs:
@@ -200,7 +200,7 @@ class _Recogniser:
         self.engine = engine
 
     def __call__(self):
-        from subd.streaming import StreamingRecognizer
+        from subd.recognise.streaming import StreamingRecognizer
 
         rec = (StreamingRecognizer(engine=self.engine) if self.engine is not None
                else StreamingRecognizer())  # the daemon's recogniser settings
@@ -214,8 +214,8 @@ def _score_streams(
 ) -> E2EResult:
     """Recogniser vs tagger over (audio, reference) streams, scores pooled."""
     from subd.models.punct import PunctTagger
-    from subd.punct_eval import Scores, boundary_errors, cached_hypotheses, replay, score
-    from subd.punct_stream import PunctStream
+    from subd.punct.stream import PunctStream
+    from subd.scoring.punct import Scores, boundary_errors, cached_hypotheses, replay, score
 
     tagger = tagger or PunctTagger.load()
     make = _Recogniser(engine)
@@ -251,7 +251,7 @@ def run_e2e(
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    from subd.punct_eval import default_cache_dir
+    from subd.scoring.punct import default_cache_dir
 
     p = subparsers.add_parser("punct-e2e", help="streamed punctuation F1: CRF tagger vs Whisper's")
     p.add_argument("--heldout-sessions", type=int, default=0,

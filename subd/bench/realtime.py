@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from subd.errors import UserError
-from subd.wer import normalise, wer
+from subd.scoring.wer import normalise, wer
 
 LIBRIVOX_DIR = Path("/usr/share/pocketsphinx/test/data/librivox")
 
@@ -63,7 +63,7 @@ def joined_clips(gap_s: float = 0.75) -> tuple[np.ndarray, str]:
     """Every LibriVox test clip, one after another with ``gap_s`` of silence: ~40 s of
     speech (71 words), so p99 of the publish error is over ~1200 ticks and one word moves
     the WER by 1.4 points, not 4.5 as on one clip."""
-    from subd.sources import load_audio
+    from subd.sources.live import load_audio
 
     parts, texts = [], []
     for path, text in librivox_clips():
@@ -153,8 +153,8 @@ def pct(a: np.ndarray, q: float) -> float:
 
 async def _run_subd(args, audio: np.ndarray) -> tuple[dict, Observed]:
     from subd.config import load_config
-    from subd.daemon import Daemon, build_sink, sink_options
-    from subd.sources import FileSource
+    from subd.service.daemon import Daemon, build_sink, sink_options
+    from subd.sources.live import FileSource
 
     cfg = load_config(None)
     cfg = cfg.replace(tick=cfg.tick.__class__(latency_ms=args.latency_ms),
@@ -183,22 +183,22 @@ async def _run_subd(args, audio: np.ndarray) -> tuple[dict, Observed]:
 async def _run_naive(args, audio: np.ndarray) -> tuple[dict, Observed]:
     """Each update's words are 'sent' the moment the recogniser returns them."""
     from subd.clock import MonotonicClock
-    from subd.daemon import recognizer_spec
-    from subd.ring import AudioHistory
-    from subd.sources import FileSource
-    from subd.stages import FactorySpec, UpdateRequest
+    from subd.history import AudioHistory
+    from subd.service.daemon import recognizer_spec
+    from subd.sources.live import FileSource
     from subd.types import SAMPLE_RATE_HZ
-    from subd.worker import ProcessWorker
+    from subd.workers.hosts import FactorySpec, UpdateRequest
+    from subd.workers.process import ProcessWorker
 
     history = AudioHistory(40 * SAMPLE_RATE_HZ, shared=True)
-    worker = ProcessWorker("recognise", FactorySpec("subd.stages:RecogniserHost", {
+    worker = ProcessWorker("recognise", FactorySpec("subd.workers.hosts:RecogniserHost", {
         "recognizer": recognizer_spec(args.model), "history_capacity": history.capacity,
         "history_name": history.shm_name}))
     await worker.start()
     clock = MonotonicClock()
     source = FileSource(audio, jitter_ms=args.jitter_ms, seed=1)
     obs = Observed(t0_ns=await source.start(clock))
-    from subd.stages import FinishRequest
+    from subd.workers.hosts import FinishRequest
 
     async def feed():
         async for chunk in source.chunks():
@@ -254,7 +254,7 @@ def _report(name: str, res: dict, obs: Observed, ref: list[str]) -> dict:
 
 
 def run(args: argparse.Namespace) -> int:
-    from subd.sources import load_audio
+    from subd.sources.live import load_audio
 
     if args.clip:
         clip = Path(args.clip)

@@ -45,17 +45,23 @@ def p95(values: list[tuple[int, float]], since: int) -> float:
 
 
 async def soak(args: argparse.Namespace, audio: np.ndarray) -> list[dict]:
-    from subd.daemon import recognizer_spec
-    from subd.ring import AudioHistory
-    from subd.stages import FactorySpec, FinishRequest, TagRequest, UpdateRequest, resolve_tagger
+    from subd.history import AudioHistory
+    from subd.service.daemon import recognizer_spec
     from subd.types import SAMPLE_RATE_HZ
-    from subd.worker import ProcessWorker
+    from subd.workers.hosts import (
+        FactorySpec,
+        FinishRequest,
+        TagRequest,
+        UpdateRequest,
+        resolve_tagger,
+    )
+    from subd.workers.process import ProcessWorker
 
     history = AudioHistory(40 * SAMPLE_RATE_HZ, shared=True)
-    rec = ProcessWorker("recognise", FactorySpec("subd.stages:RecogniserHost", {
+    rec = ProcessWorker("recognise", FactorySpec("subd.workers.hosts:RecogniserHost", {
         "recognizer": recognizer_spec(args.model), "history_capacity": history.capacity,
         "history_name": history.shm_name}))
-    tag = ProcessWorker("tag", FactorySpec("subd.stages:TagHost",
+    tag = ProcessWorker("tag", FactorySpec("subd.workers.hosts:TagHost",
                                            {"tagger": resolve_tagger("auto")}))
     await asyncio.gather(rec.start(), tag.start())
     step = args.step_ms * SAMPLE_RATE_HZ // 1000
@@ -127,7 +133,7 @@ async def soak(args: argparse.Namespace, audio: np.ndarray) -> list[dict]:
 
 def run(args: argparse.Namespace) -> int:
     from subd.bench.realtime import default_clip
-    from subd.sources import load_audio
+    from subd.sources.live import load_audio
 
     if args.minutes < 3:
         raise UserError("--minutes must be at least 3 (the first mark is at minute 2)")

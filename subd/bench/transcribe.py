@@ -48,14 +48,14 @@ def _default_clip() -> Path:
 def _worker(kind: str, clip: str, threads: int, repeats: int, model: str) -> dict:
     import torch
 
-    from subd.audio import load_audio
+    from subd.sources.decode import load_audio
 
     torch.set_num_threads(threads)
     audio = load_audio(clip)
     duration_s = len(audio) / 16000
     if kind.startswith("ours"):
         from subd.models.engine import WhisperEngine
-        from subd.transcriber import Transcriber
+        from subd.recognise.offline import Transcriber
 
         engine = WhisperEngine.load(model, threads=threads, quantize=kind == "ours-int8")
         tr = Transcriber(engine)

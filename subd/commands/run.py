@@ -30,7 +30,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def _keep_notify_to_ourselves() -> None:
     """Drop the notify variables from our environment once the Notifier has read them, so
     worker processes (spawned with this environment) cannot notify on our behalf."""
-    from subd.notify import scrub_child_environment
+    from subd.service.notify import scrub_child_environment
 
     clean = scrub_child_environment(dict(os.environ))
     for key in set(os.environ) - set(clean):
@@ -38,7 +38,7 @@ def _keep_notify_to_ourselves() -> None:
 
 
 async def _serve(daemon, controller) -> int:
-    from subd.signals import EXIT_FORCED
+    from subd.service.signals import EXIT_FORCED
 
     controller.install()
     run_task = asyncio.create_task(daemon.run(), name="daemon")
@@ -64,18 +64,18 @@ async def _serve(daemon, controller) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    import subd.logs
-    from subd.daemon import Daemon
-    from subd.health import HealthLimits, HealthMonitor
-    from subd.httpsafe import resolve_token
-    from subd.metrics import Metrics
-    from subd.notify import Notifier
-    from subd.signals import Reloader, SignalController
+    import subd.service.logs
+    from subd.server.safety import resolve_token
+    from subd.service.daemon import Daemon
+    from subd.service.health import HealthLimits, HealthMonitor
+    from subd.service.metrics import Metrics
+    from subd.service.notify import Notifier
+    from subd.service.signals import Reloader, SignalController
 
     root = logging.getLogger()
     saved = (list(root.handlers), root.level)
     level = logging.DEBUG if getattr(args, "verbose", False) else logging.INFO
-    repeat = subd.logs.setup_logging(level)
+    repeat = subd.service.logs.setup_logging(level)
     try:
         cfg = load_config(args.config)
         token = resolve_token(cfg.server.push_token)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from subd.config import Config, load_config
 from subd.errors import UserError
-from subd.ticks import parse_fps, parse_rate
+from subd.pipeline.ticks import parse_fps, parse_rate
 
 
 def parse_host_port(text: str) -> tuple[str, int]:
@@ -65,7 +65,7 @@ def stream_config(args: argparse.Namespace) -> Config:
 
 
 def run(args: argparse.Namespace) -> int:
-    from subd.daemon import Daemon, build_sink, build_source, sink_options
+    from subd.service.daemon import Daemon, build_sink, build_source, sink_options
 
     cfg = stream_config(args)
     source = build_source(cfg, seed=args.seed)

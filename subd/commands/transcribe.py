@@ -13,7 +13,7 @@ from pathlib import Path
 import pysrt
 
 from subd.errors import UserError
-from subd.layout_rules import ABBREVIATIONS
+from subd.layout.rules import ABBREVIATIONS
 from subd.types import Cue, TaggedWord, Word
 
 OUTPUT_SUFFIXES = (".srt", ".vtt", ".json")
@@ -98,7 +98,7 @@ def _tagged(word: Word) -> TaggedWord:
 
 
 def _cues(words: list[Word]) -> list[Cue]:
-    from subd.layout import CueLayout
+    from subd.layout.cues import CueLayout
 
     layout = CueLayout()
     cues = layout.push([_tagged(w) for w in words], audio_end_ns=words[-1].end_ns if words else 0)
@@ -157,9 +157,9 @@ def _write_atomic(path: Path, text: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from subd import audio
     from subd.models.engine import WhisperEngine
-    from subd.transcriber import TranscribeOptions, Transcriber
+    from subd.recognise.offline import TranscribeOptions, Transcriber
+    from subd.sources.live import decode as audio
 
     out = Path(args.output)
     if out.suffix.lower() not in OUTPUT_SUFFIXES:

@@ -1,6 +1,6 @@
 """Live SRT (through pysrt) and WebVTT files: every committed cue is durable once written.
 
-Committed words are laid out into pop-on cues (:class:`subd.layout.CueLayout`); tentative text
+Committed words are laid out into pop-on cues (:class:`subd.layout.cues.CueLayout`); tentative text
 never reaches a file. Each time cues are committed the whole current file is rewritten to a
 temporary file in the same directory, flushed, fsync'ed and renamed over the target (then the
 directory is fsync'ed), so a crash at any moment leaves either the previous or the new complete
@@ -29,10 +29,10 @@ from typing import Any, ClassVar
 import pysrt
 
 from subd.errors import ConfigError
-from subd.layout import CueLayout, LayoutConfig
-from subd.sinks._config import check_range, from_mapping
+from subd.layout.cues import CueLayout, LayoutConfig
 from subd.tasks import cancel_and_wait
 from subd.types import CaptionState, Cue
+from subd.validate import check_range, from_mapping
 
 log = logging.getLogger(__name__)
 NS_PER_MS = 1_000_000

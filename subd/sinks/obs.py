@@ -25,10 +25,10 @@ from typing import Any
 
 import aiohttp
 
-from subd.layout import CueLayout, LayoutConfig, RollUp
-from subd.sinks._config import check_choice, check_range, from_mapping
+from subd.layout.cues import CueLayout, LayoutConfig, RollUp
 from subd.tasks import cancel_and_wait
 from subd.types import CaptionState
+from subd.validate import check_choice, check_range, from_mapping
 
 log = logging.getLogger(__name__)
 SUBPROTOCOL = "obswebsocket.json"

@@ -1,0 +1,460 @@
+"""The tick scheduler: ingest → features → recognise → tag → layout → publish, pulled by a clock.
+
+Four tasks share the event loop and never wait on each other:
+
+* ingest: source chunks into the audio history (shared memory) and the tick slots, then the
+  cheap feature stage (10 ms log-energy frames);
+* recognise: whenever enough new audio is in, one ``update`` in the recogniser worker (its own
+  process); committed words join an append-only stream that only ever grows;
+* fetch: at ``T(k) − A`` tick k's words go to the tag/layout worker; if that worker has been
+  busy for more than 2·P the tick takes the cheap path at once (degraded) instead of queueing;
+* publish: at ``T(k)`` exactly, tick k's laid-out state, or, if it is not ready, the last good
+  state marked ``fallback`` (a late result joins the next tick). Committed words are published
+  exactly once, in order: a result only contributes words past the published index.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass, replace
+from fractions import Fraction
+from typing import Any, Protocol
+
+from subd.clock import Clock
+from subd.history import AudioHistory
+from subd.pipeline.gcpace import PACER
+from subd.pipeline.ingest import Ingest
+from subd.pipeline.ring import (
+    FRAME_SAMPLES,
+    FeatureHistory,
+    RingCalibration,
+    SlotFlag,
+    SlotRing,
+    n_slots_for,
+)
+from subd.pipeline.ticks import NS_PER_MS, TickGrid, fps_text
+from subd.pipeline.tickstats import Counters
+from subd.pipeline.wordstream import WordStream
+from subd.sinks.events_log import EventsLog
+from subd.sources.drift import DriftEstimator
+from subd.types import CaptionState, samples_to_ns
+from subd.workers.hosts import (
+    FinishRequest,
+    RecogniseResult,
+    TagResult,
+    UpdateRequest,
+)
+
+log = logging.getLogger("subd.pipeline.scheduler")
+
+PREPARE_NS = 2_000_000  # the state is built at T(k) − 2 ms, then the publisher spins to T(k)
+REBASE_EVERY_TICKS = 150  # live sources: refit the sample clock every ~5 s of ticks
+MAX_SLEW_NS = 500_000  # at most 0.5 ms of offset correction per refit
+READY = "ready"  # slot.result: the tick's state can be built from the streams
+DEGRADED = "degraded"  # slot.result: built on the cheap path (tagger skipped)
+
+
+class Worker(Protocol):
+    busy_since_ns: int | None
+
+    async def call(self, request: Any, now_ns: int = 0) -> Any: ...
+
+
+class Source(Protocol):
+    live: bool  # has its own sample clock (drift is estimated)
+    pullable: bool  # can be held back without losing audio
+
+    async def start(self, clock: Clock) -> int: ...  # monotonic ns of sample 0
+
+    def chunks(self) -> Any: ...  # async iterator of AudioChunk
+
+
+class Observer(Protocol):
+    def on_hypothesis(self, result: RecogniseResult, now_ns: int) -> None: ...
+
+    def on_publish(self, state: CaptionState, sent_ns: int) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class TickSettings:
+    fps: str = "30"
+    latency_ms: int = 2000
+    lookahead_ms: int = 150
+    rate: Fraction = Fraction(1)  # audio seconds per wall second (file --speed)
+    min_update_ms: int = 200
+    miss_tolerance_ms: float = 0.0  # 0: half a tick period
+    drain_timeout_s: float = 30.0
+    max_latency_ms: int = 0  # the slot ring is sized for this D (reloads up to it); 0: latency
+
+
+class Pipeline:
+    def __init__(self, *, clock: Clock, settings: TickSettings, source: Source,
+                 recogniser: Worker, tagger: Worker, history: AudioHistory,
+                 sinks: list[Any] = (), events: EventsLog | None = None,
+                 observer: Observer | None = None, layout: Any | None = None) -> None:
+        self.clock = clock
+        self.settings = settings
+        self.source = source
+        self.recogniser = recogniser
+        self.tagger = tagger
+        self.history = history
+        self.sinks = list(sinks)
+        self.events = events
+        self.observer = observer
+        self.layout = layout  # optional: .apply(state) -> state with cues (subd.layout.cues)
+        self.counters = Counters()
+        self.grid: TickGrid | None = None
+        self._grid_prev: TickGrid | None = None
+        self._switch_k = -1  # ticks before it are due on _grid_prev
+        self.ring: SlotRing | None = None
+        self.features = FeatureHistory(history.capacity // FRAME_SAMPLES + 1)
+        self.drift = DriftEstimator() if source.live else None
+        self.words = WordStream()
+        self.ingest: Ingest | None = None
+        self._rec_audio_end_ns = 0
+        self._rec_accepted = 0
+        self._rec_finished = False
+        self._source_done = False
+        self._done_at_ns: int | None = None
+        self._audio_event = asyncio.Event()
+        self._consumed_event = asyncio.Event()
+        self._tag_event = asyncio.Event()
+        self._tag_pending: tuple[int, bool] | None = None
+        self._prev: CaptionState | None = None
+        self.last_published_k = -1
+
+    # ---- setup ------------------------------------------------------------------------------
+
+    def _due(self, k: int) -> int:
+        assert self.grid is not None
+        if self._grid_prev is not None and k < self._switch_k:
+            return self._grid_prev.due_ns(k)
+        return self.grid.due_ns(k)
+
+    @property
+    def wall_period_ns(self) -> Fraction:
+        assert self.grid is not None
+        return self.grid.wall_period_ns
+
+    async def run(self) -> Counters:
+        s = self.settings
+        t0_ns = await self.source.start(self.clock)
+        self.grid = TickGrid.create(s.fps, t0_ns, s.latency_ms, s.lookahead_ms, rate=s.rate)
+        cal = RingCalibration.for_period(self.grid.period_ns)
+        self._ring_latency_ns = max(self.grid.latency_ns, s.max_latency_ms * NS_PER_MS)
+        n_slots = n_slots_for(self._ring_latency_ns, self.grid.lookahead_ns,
+                              self.grid.wall_period_ns)
+        self.ring = SlotRing(n_slots, cal)
+        self.ingest = Ingest(self.grid, self.ring, self.history, self.features, self.clock,
+                             self.counters)
+        tol = s.miss_tolerance_ms * NS_PER_MS or self.wall_period_ns / 2
+        self._miss_tolerance_ns = int(tol)
+        if self.events is not None:
+            self.events.write_start(t0_ns, fps_text(self.grid.fps), s.latency_ms, s.lookahead_ms)
+        tasks = [
+            asyncio.create_task(self._ingest_loop(), name="ingest"),
+            asyncio.create_task(self._recognise_loop(), name="recognise"),
+            asyncio.create_task(self._fetch_loop(), name="fetch"),
+            asyncio.create_task(self._tag_loop(), name="tag"),
+        ]
+        publisher = asyncio.create_task(self._publish_loop(), name="publish")
+        PACER.acquire()  # collections after publishing, never just before a deadline
+        try:
+            while True:
+                done, _ = await asyncio.wait([publisher, *tasks],
+                                             return_when=asyncio.FIRST_COMPLETED)
+                for t in done:
+                    if t is not publisher and not t.cancelled() and t.exception() is not None:
+                        raise t.exception()  # type: ignore[misc]
+                if publisher in done:
+                    publisher.result()
+                    break
+                tasks = [t for t in tasks if not t.done()]
+        finally:
+            for t in [publisher, *tasks]:
+                t.cancel()
+            await asyncio.gather(publisher, *tasks, return_exceptions=True)
+            PACER.release()
+            if self.events is not None:
+                self.events.flush()
+        self.counters.stale_slots = self.ring.stale_count
+        return self.counters
+
+    # ---- hooks for the daemon (reload, health) ----------------------------------------------
+
+    @property
+    def recognised_until_ns(self) -> int:
+        """Audio time the recogniser has heard up to."""
+        return self._rec_audio_end_ns
+
+    @property
+    def ingested_until_ns(self) -> int:
+        return samples_to_ns(self.ingest.ingested) if self.ingest is not None else 0
+
+    def set_latency(self, latency_ms: int) -> int | None:
+        """Change D on the running pipeline (a configuration reload). Returns the first tick
+        due with the new D (None before the clock started). Ticks already fetched keep their
+        times; a longer D pauses publication by the difference, a shorter one publishes the
+        ticks that are then overdue at once (late: they count as deadline misses)."""
+        s = self.settings
+        limit_ms = max(s.max_latency_ms, s.latency_ms)
+        if self.grid is not None:
+            limit_ms = self._ring_latency_ns // NS_PER_MS
+        if not s.lookahead_ms < latency_ms <= limit_ms:
+            raise ValueError(f"latency_ms = {latency_ms}: must be in {s.lookahead_ms + 1}.."
+                             f"{limit_ms} (the slot ring was sized at start)")
+        self.settings = replace(s, latency_ms=latency_ms)
+        grid = self.grid
+        if grid is None:
+            return None
+        if self.last_published_k + 1 < self._switch_k:
+            raise RuntimeError("the tick grid is still switching; try again")
+        now = self.clock.now_ns()
+        margin_ns = grid.lookahead_ns + 2 * int(grid.wall_period_ns)  # not fetched yet
+        k = max(grid.first_due_at_or_after(now + margin_ns), self._switch_k + 1,
+                self.last_published_k + 2)
+        delta_ns = latency_ms * NS_PER_MS - grid.latency_ns
+        anchor_due_ns = grid.due_ns(grid.anchor_k) if grid.anchor_due_ns is None \
+            else grid.anchor_due_ns
+        # same anchor, shifted by the change: T(k) = t0 + (k+1)·P + D' stays exact
+        self._grid_prev, self._switch_k, self.grid = grid, k, replace(
+            grid, latency_ns=latency_ms * NS_PER_MS, anchor_due_ns=anchor_due_ns + delta_ns)
+        log.info("latency %d -> %d ms from tick %d", grid.latency_ns // NS_PER_MS, latency_ms, k)
+        return k
+
+    # ---- ingest + features ------------------------------------------------------------------
+
+    async def _ingest_loop(self) -> None:
+        margin = self.history.capacity // 8
+        async for chunk in self.source.chunks():
+            end = chunk.start_sample + chunk.n_samples
+            if self.drift is not None:
+                self.drift.observe(end, self.clock.now_ns())
+            if self.source.pullable:  # hold the source back rather than lap the recogniser
+                while end - self._rec_accepted > self.history.capacity - margin:
+                    self._consumed_event.clear()
+                    await self._consumed_event.wait()
+            self.ingest.write(chunk)
+            self._audio_event.set()
+        self._source_done = True
+        self._done_at_ns = self.clock.now_ns()
+        self._audio_event.set()
+
+    # ---- recognise --------------------------------------------------------------------------
+
+    async def _recognise_loop(self) -> None:
+        min_new = self.settings.min_update_ms * 16
+        sent = 0
+        while True:
+            while not self._source_done and self.ingest.ingested - sent < max(min_new, 1):
+                self._audio_event.clear()
+                await self._audio_event.wait()
+            final = self._source_done
+            end = self.ingest.ingested
+            request = FinishRequest(end) if final else UpdateRequest(end)
+            result = await self.recogniser.call(request, self.clock.now_ns())
+            sent = end
+            self._integrate(result)
+            if final:
+                self._rec_finished = True
+                return
+
+    def _integrate(self, result: RecogniseResult) -> None:
+        hyp = result.hypothesis
+        self.words.add_hypothesis(hyp)
+        self._rec_audio_end_ns = max(self._rec_audio_end_ns, hyp.audio_end_ns)
+        self._rec_accepted = result.accepted_sample
+        self._consumed_event.set()
+        self.counters.stage["recognise"].add(result.duration_ns)
+        if result.lost_samples:
+            self.counters.lost_samples += result.lost_samples
+            log.warning("recogniser fell %d samples behind a live source; audio skipped",
+                        result.lost_samples)
+        if self.observer is not None:
+            self.observer.on_hypothesis(result, self.clock.now_ns())
+
+    # ---- fetch + tag ------------------------------------------------------------------------
+
+    async def _fetch_loop(self) -> None:
+        k = 0
+        while True:
+            await self.clock.sleep_until(self._due(k) - self.grid.lookahead_ns, precise=False)
+            if self.drift is not None and k % REBASE_EVERY_TICKS == REBASE_EVERY_TICKS - 1:
+                self._rebase(k + 1)
+            self._fetch(k)
+            k += 1
+
+    def _rebase(self, k: int) -> None:
+        fit = self.drift.fit()
+        if fit is None:
+            return
+        grid = self.grid
+        rate = fit.rate() * self.settings.rate
+        want_ns = fit.monotonic_ns(grid.audio_end_sample(k)) + grid.latency_ns
+        offset = max(-MAX_SLEW_NS, min(MAX_SLEW_NS, want_ns - self._due(k)))
+        self._grid_prev, self._switch_k, self.grid = grid, k, replace(
+            grid, rate=rate, anchor_k=k, anchor_due_ns=self._due(k) + offset)
+        log.debug("sample clock %+.1f ppm; tick grid rebased at k=%d (%+d ns)", fit.ppm, k,
+                  offset)
+
+    def _fetch(self, k: int) -> None:
+        now = self.clock.now_ns()
+        slot = self.ring.acquire(k)
+        if slot is None:  # the ring was lapped by a burst of audio: this tick falls back
+            return
+        if not self._rec_finished and self._rec_audio_end_ns < self.grid.audio_end_ns(k):
+            self.counters.recognition_behind += 1
+        busy = self.tagger.busy_since_ns
+        if busy is not None and now - busy > 2 * self.wall_period_ns:
+            # the tag stage overran 2·P: this tick skips it (committed words go out untagged)
+            # instead of queueing behind it
+            self._degrade(k)
+            return
+        flush = self._rec_finished and not self.words.tag_flushed
+        if self.words.tagger_is_current() and not flush:
+            # nothing new since the last tag pass: the tick's state is ready as it is
+            slot.result = READY
+            self.ring.mark(slot, SlotFlag.TAGGED | SlotFlag.LAID_OUT)
+            return
+        if self._tag_pending is not None:
+            self.counters.superseded_requests += 1
+        self._tag_pending = (k, flush)
+        self._tag_event.set()
+
+    async def _tag_loop(self) -> None:
+        while True:
+            self._tag_event.clear()
+            await self._tag_event.wait()
+            while self._tag_pending is not None:
+                (k, flush), self._tag_pending = self._tag_pending, None
+                if self.clock.now_ns() >= self._due(k) - PREPARE_NS:
+                    self.counters.superseded_requests += 1
+                    continue  # too late to matter; a newer tick will carry its words
+                request = self.words.tag_request(k, self._rec_audio_end_ns, flush)
+                started = self.clock.now_ns()
+                watchdog = asyncio.create_task(self._overrun_watch(k, started),
+                                               name="tag-watchdog")
+                try:
+                    result = await self.tagger.call(request, started)
+                finally:
+                    watchdog.cancel()
+                self._store(result)
+
+    async def _overrun_watch(self, k: int, started_ns: int) -> None:
+        """A tag pass still running 2·P after it started: tick k takes the cheap path."""
+        await self.clock.sleep_until(started_ns + int(2 * self.wall_period_ns) + 1,
+                                     precise=False)
+        self._degrade(k)
+
+    def _degrade(self, k: int) -> None:
+        slot = self.ring.get(k)
+        if slot is None or slot.flags & (SlotFlag.PUBLISHED | SlotFlag.LAID_OUT):
+            return
+        slot.result = DEGRADED
+        self.ring.mark(slot, SlotFlag.TAGGED | SlotFlag.LAID_OUT)
+        self.counters.degraded_ticks += 1
+
+    def _store(self, result: TagResult) -> None:
+        self._stage_done("tag", result.duration_ns)
+        self.words.add_tagged(result)
+        slot = self.ring.get(result.k)
+        if slot is not None and slot.result is DEGRADED:
+            return  # already switched to the cheap path; its words reach the next ticks
+        if slot is None or slot.flags & SlotFlag.PUBLISHED or \
+                self.clock.now_ns() > self._due(result.k) - PREPARE_NS:
+            self.counters.late_results += 1  # its words join the next tick that is ready
+            return
+        slot.result = READY
+        self.ring.mark(slot, SlotFlag.TAGGED | SlotFlag.LAID_OUT)
+
+    # ---- publish ----------------------------------------------------------------------------
+
+    async def _publish_loop(self) -> None:
+        k = 0
+        while True:
+            due = self._due(k)
+            await self.clock.sleep_until(due - PREPARE_NS, precise=False)
+            state = self._prepare(k, due)
+            self._prepare_sinks(state)
+            sent = await self.clock.sleep_until(due)
+            self._emit(state, sent)
+            PACER.after_publish()
+            k += 1
+            if self._drained(k - 1):
+                return
+
+    def _prepare(self, k: int, due: int) -> CaptionState:
+        slot = self.ring.get(k)
+        mode = slot.result if slot is not None else None
+        prev = self._prev
+        if mode is None:
+            return CaptionState(k=k, due_ns=due,
+                                audio_end_ns=prev.audio_end_ns if prev else 0,
+                                tentative=prev.tentative if prev else "",
+                                cues=prev.cues if prev else (), fallback=True)
+        state = self.words.state(k, due, self.grid.audio_end_ns(k), mode is DEGRADED)
+        if self.layout is not None:
+            state = self.layout.apply(state)
+        return state
+
+    def _prepare_sinks(self, state: CaptionState) -> None:
+        """Sinks that can encode ahead (``prepare``) do it now, so T(k) only writes."""
+        for sink in self.sinks:
+            prepare = getattr(sink, "prepare", None)
+            if prepare is None:
+                continue
+            try:
+                prepare(state)
+            except Exception:  # noqa: BLE001 - a broken sink must not stop the clock
+                self.counters.sink_errors += 1
+                if self.counters.sink_errors < 10:
+                    log.exception("sink %s failed to prepare tick %d",
+                                  getattr(sink, "name", sink), state.k)
+
+    def _emit(self, state: CaptionState, sent_ns: int) -> None:
+        for sink in self.sinks:
+            try:
+                sink.publish(state)
+            except Exception:  # noqa: BLE001 - a broken sink must not stop the clock
+                self.counters.sink_errors += 1
+                if self.counters.sink_errors < 10:
+                    log.exception("sink %s failed to publish tick %d",
+                                  getattr(sink, "name", sink), state.k)
+        c = self.counters
+        c.ticks += 1
+        err = sent_ns - state.due_ns
+        c.publish_error.add(err)
+        if err > self._miss_tolerance_ns:
+            c.deadline_misses += 1
+        if state.fallback:
+            c.fallbacks += 1
+        if self.events is not None:
+            self.events.record(state, sent_ns)
+        self.words.mark_published(state)
+        self.ring.release(state.k)
+        self.last_published_k = state.k
+        self._prev = state
+        self._stage_done("publish", self.clock.now_ns() - sent_ns)
+        if self.observer is not None:
+            self.observer.on_publish(state, sent_ns)
+
+    def _stage_done(self, name: str, duration_ns: int) -> None:
+        self.counters.stage[name].add(duration_ns)
+        on_stage = getattr(self.observer, "on_stage", None)
+        if on_stage is not None:
+            on_stage(name, duration_ns)
+
+    def _drained(self, k: int) -> bool:
+        if self._source_done and self._rec_finished and self.words.tag_flushed \
+                and self.words.n_unpublished == 0 \
+                and self.grid.audio_end_ns(k) >= samples_to_ns(self.ingest.ingested):
+            return True
+        if self._done_at_ns is None:
+            return False
+        if self.clock.now_ns() < self._done_at_ns + int(self.settings.drain_timeout_s * 1e9):
+            return False
+        lost = self.words.n_unpublished
+        log.error("drain timed out at tick %d: %d committed words unpublished "
+                  "(recogniser %s)", k, lost, "finished" if self._rec_finished else "busy")
+        return True

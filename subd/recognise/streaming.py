@@ -1,0 +1,419 @@
+"""Streaming recognition over the Whisper engine: a sliding window and a commit policy.
+
+Policy (LocalAgreement-2 with bounded lag):
+
+* Each ``update`` decodes the window [window_start, audio_end) with the committed text as the
+  previous-text prompt. The encoder runs over the window's audio plus ``encoder_pad_ms``, not
+  Whisper's whole 30 s input (``models.engine.EncoderSpan``); the end-of-stream decode, which
+  commits without a second opinion, gets the full input.
+* Words of the new hypothesis that lie before the commit point are dropped; a word is committed
+  when two consecutive hypotheses that both heard it out agree on it (same normalised text, in
+  order) and Whisper gave it at least ``agree_min_probability`` in both — or, for a word it stays
+  unsure of, when ``unsure_agree_decodes`` decodes in a row agree; or on its first decode when
+  Whisper is sure of it (probability ≥ ``confident_min_probability``, heard out
+  ``confident_guard_ms`` before the audio end, another word after it), or when it is older
+  than ``max_tentative_ms`` (bounded latency), or when the voice-activity detector shows a pause
+  of ``pause_commit_ms`` after it (end of an utterance: nothing will change it any more).
+* Committed words are never changed or retracted. After each commit the window start moves up to
+  the commit point once ``trim_after_ms`` of committed audio has built up, so the window (and the
+  cost of an update) stays bounded however long the stream runs. The window can never overflow
+  30 s: at ``max_window_ms`` without a commit, all but the last hypothesis word are committed and
+  the window is cut there (DESIGN: "it drops speech").
+* Windows without speech are not decoded (VAD gating); short loops are caught by the engine's
+  repetition guard, and a decode's token budget grows with its window (``TOKENS_BASE`` +
+  ``TOKENS_PER_S``), so a runaway repeat of a whole sentence is cut short.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+from subd.history import AudioHistory
+from subd.models.engine import (
+    DEFAULT_OPTIONS,
+    DEFAULT_POLICY,
+    FULL_SPAN,
+    WINDOW_SAMPLES,
+    EncoderSpan,
+    FallbackPolicy,
+    WhisperEngine,
+    live_threads,
+)
+from subd.recognise.vad import VoiceActivityDetector, regions_from_mask
+from subd.types import SAMPLE_RATE_HZ, AudioChunk, Hypothesis, Word, ns_to_samples, samples_to_ns
+from subd.validate import check_choice, check_range
+
+NS_PER_MS = 1_000_000
+PROMPT_WORDS = 60  # committed words given as context (≈ 80 tokens)
+LEAD_IN_SAMPLES = SAMPLE_RATE_HZ  # audio kept before the commit point when the window moves
+GREEDY_POLICY = FallbackPolicy(temperatures=(0.0,))
+# A live decode's token budget grows with its window: offline decodes of the LibriVox clips and
+# of espeak-ng at 160 words/min take 3.2-4.4 tokens/s with the timestamps, so 10/s leaves room
+# for fast speakers. On a cut encoder input Whisper can loop a whole sentence (longer than the
+# decode loop guard's n-grams): on the looped soak clip 17 % of updates wrote ~180 words for 2 s
+# of audio and took 1.8 s. The budget ends such a decode, and its repeating tail is cut.
+TOKENS_BASE = 20
+TOKENS_PER_S = 10
+# _settle: speech after the last word is 60 ms of voiced frames (a word onset, a short word);
+# bursts closer than 90 ms are one; a burst touching the last word and ending within 150 ms of
+# it is that word's own end
+SETTLE_MIN_SPEECH_MS = 60
+SETTLE_JOIN_MS = 90
+SETTLE_PAD_MS = 60
+REMAINDER_MS = 150
+
+
+@dataclass(frozen=True, slots=True)
+class StreamingConfig:
+    model: str = "tiny.en"
+    precision: str = "int8"  # "int8" or "fp32"
+    threads: int = 0  # 0: all cores but one (models.engine.live_threads)
+    min_update_ms: int = 200  # new audio needed before another decode
+    max_tentative_ms: int = 1200  # a hypothesis word older than this is committed
+    pause_commit_ms: int = 600  # silence after the last word commits the tail
+    agree_guard_ms: int = 150  # agreement counts only for words ending this long before the end
+    agree_min_probability: float = 0.3  # ... and only when Whisper gave the word at least this
+    # ... or when this many decodes in a row, each having heard the word out, gave the same
+    # words up to it. Whisper is unsure of a sentence's first word after a pause (LibriVox
+    # "Unless", "Had": 0.07-0.26 over five decodes that all agree), which held the sentence
+    # back until max_tentative_ms committed it. ``subd bench realtime`` (joined LibriVox clips):
+    # committed p95 1.47-1.49 -> 0.86-0.87 s, WER 9.9 -> 8.5 %.
+    unsure_agree_decodes: int = 3
+    # A word Whisper is sure of, heard out well before the audio end and followed by another
+    # word of the same hypothesis (which bounds its end time), can commit on its first decode:
+    # one update of latency less. Off by default: at 300 ms / 0.8 it cut the median committed
+    # latency by 0.06-0.26 s in simulation but flipped a LibriVox word at one update step.
+    confident_guard_ms: int = 300
+    confident_min_probability: float = 1.0  # 1.0 turns single-decode commits off
+    trim_after_ms: int = 6000  # committed audio kept in the window before trimming
+    max_window_ms: int = 24000  # force a commit/cut before the 30 s window can overflow
+    vad: bool = True
+    # Offline, a low-confidence window is re-decoded at higher temperatures. Live, the window
+    # usually ends inside a word, which is what lowers the confidence; a sampled re-decode of
+    # it invents words ("Unless" -> "A millennial...") that a second sample can agree with, and
+    # costs 2-3 updates of CPU. Greedy only, unless asked for.
+    temperature_fallback: bool = False
+    force_committed_prefix: bool = True  # decode only the unconfirmed tail (see _decode)
+    # The encoder runs over the window's audio plus this much padding, rounded up to the
+    # bucket, not over Whisper's whole 30 s (models.engine.EncoderSpan). tiny.en int8 on one
+    # core, LibriVox clips streamed at the pace the CPU allows: an update costs 0.14 s
+    # instead of 0.36-0.41 s, updates come every 0.2 s instead of every 0.4 s, the median
+    # word commits 0.4-0.6 s sooner, and WER is unchanged in that mode (2 errors of 71, full
+    # window 2-5). At a forced 0.4-0.5 s cadence (tests) trimming flips 1-4 more words of
+    # 71 (the LibriVox "ill-disposed"); on espeak-ng speech (937 words) it makes fewer
+    # errors than the full window. 0: the full 30 s, as offline transcription.
+    encoder_pad_ms: int = 2000
+    encoder_bucket_ms: int = 4000
+
+    def __post_init__(self) -> None:
+        for key, lo, hi in (
+            ("min_update_ms", 20, 5000),
+            ("max_tentative_ms", 200, 20000),
+            ("pause_commit_ms", 100, 10000),
+            ("agree_guard_ms", 0, 5000),
+            ("confident_guard_ms", 0, 5000),
+            ("unsure_agree_decodes", 2, 100),
+            ("trim_after_ms", 500, 20000),
+            ("max_window_ms", 4000, 28000),
+            ("encoder_pad_ms", 0, 30000),
+            ("encoder_bucket_ms", 20, 30000),
+        ):
+            check_range("recognizer", key, getattr(self, key), lo, hi)
+        for key in ("agree_min_probability", "confident_min_probability"):
+            check_range("recognizer", key, getattr(self, key), 0.0, 1.0)
+        check_choice("recognizer", "precision", self.precision, ("int8", "fp32"))
+
+
+def _norm(text: str) -> str:
+    return re.sub(r"[^\w']+", "", text.lower())
+
+
+@dataclass(slots=True)
+class _State:
+    window_start: int = 0  # sample where the decoded window starts
+    committed_end_ns: int = 0  # audio time up to which words are committed
+    committed: list[Word] = field(default_factory=list)
+    previous: list[Word] = field(default_factory=list)  # last hypothesis after the commit point
+    # per word of ``previous``: decodes in a row that heard it out with the same words up to it
+    # (0: that decode had not heard it out)
+    previous_streak: list[int] = field(default_factory=list)
+    last_decode_end: int = 0  # audio_end (samples) at the last decode
+    settled_end: int = 0  # samples: the hypothesis accounts for all speech before this
+
+
+class StreamingRecognizer:
+    def __init__(self, model: str = "tiny.en", *, engine: WhisperEngine | None = None, **opts):
+        self.config = StreamingConfig(model=model, **opts)
+        c = self.config
+        self.engine = engine or WhisperEngine.load(
+            c.model, threads=c.threads or live_threads(), quantize=c.precision == "int8"
+        )
+        self.audio = AudioHistory(WINDOW_SAMPLES + 2 * SAMPLE_RATE_HZ)
+        self.vad = VoiceActivityDetector() if c.vad else None
+        self.span = EncoderSpan(c.encoder_pad_ms, c.encoder_bucket_ms)
+        self.state = _State()
+        self.n_decodes = 0
+        self.n_capped = 0  # decodes stopped by the window's token budget
+        self.n_forced_cuts = 0
+
+    # -- input -----------------------------------------------------------------------------
+
+    def accept(self, chunk: AudioChunk) -> None:
+        self.audio.write(chunk.start_sample, np.asarray(chunk.samples, dtype=np.float32))
+
+    @property
+    def audio_end_ns(self) -> int:
+        return samples_to_ns(self.audio.end_sample)
+
+    # -- recognition -----------------------------------------------------------------------
+
+    def update(self) -> Hypothesis:
+        """Decode the current window if enough new audio arrived; commit what is settled."""
+        c, st = self.config, self.state
+        end = self.audio.end_sample
+        if end - st.last_decode_end < c.min_update_ms * SAMPLE_RATE_HZ // 1000:
+            return self._hypothesis([])
+        st.last_decode_end = end
+        st.window_start = max(st.window_start, end - WINDOW_SAMPLES, self.audio.start_sample)
+        window = self.audio.read(st.window_start, end)
+        if self.vad is not None and not self._has_speech(window):
+            return self._on_silence(end)
+        words = self._decode(window)
+        newly = self._commit(words, end)
+        newly += self._trim(end)
+        self._settle(end)
+        return self._hypothesis(newly)
+
+    def finish(self) -> Hypothesis:
+        """End of stream: decode what is left once more and commit everything."""
+        st = self.state
+        end = self.audio.end_sample
+        newly: list[Word] = []
+        if end > st.window_start:
+            window = self.audio.read(st.window_start, end)
+            if self.vad is None or self._has_speech(window):
+                # Whisper's full 30 s input: this decode commits without a second opinion,
+                # and a window cut 2 s after the audio invents words at the end of a stream
+                # ("... comments tonight. And")
+                words = self._decode(window, FULL_SPAN)
+                newly = self._take(words)
+        # the last hypothesis, where the final decode did not reach it (a word it left out);
+        # a word overlapping what was just committed is that word again, with other times
+        newly += self._take([w for w in st.previous if w.start_ns >= st.committed_end_ns])
+        st.previous = []
+        st.settled_end = end
+        return Hypothesis(committed=tuple(newly), tentative=(), audio_end_ns=samples_to_ns(end))
+
+    # -- internals -------------------------------------------------------------------------
+
+    def _has_speech(self, window: np.ndarray) -> bool:
+        return bool(self.vad.speech_regions(window))
+
+    def _decode(self, window: np.ndarray, span: EncoderSpan | None = None) -> list[Word]:
+        st = self.state
+        prompt = None
+        # context = committed words *before* the window: words inside it are in its audio, and
+        # a prompt that already holds them makes Whisper skip them (lost words)
+        window_start_ns = samples_to_ns(st.window_start)
+        before = [w for w in st.committed[-PROMPT_WORDS:] if w.end_ns <= window_start_ns]
+        if before:
+            prompt = self.engine.tokenizer.encode(" " + " ".join(w.text for w in before))
+        # words committed inside the window are forced as a prefix: decoded in one pass instead
+        # of one step each, so an update decodes only the unconfirmed tail
+        inside = [w for w in st.committed if w.start_ns >= window_start_ns]
+        prefix: tuple[int, ...] = ()
+        if inside and self.config.force_committed_prefix:
+            tok = self.engine.tokenizer
+            text = tok.encode(" " + " ".join(w.text for w in inside))
+            prefix = (tok.special.timestamp_begin, *text)
+        policy = GREEDY_POLICY if not self.config.temperature_fallback else DEFAULT_POLICY
+        budget = TOKENS_BASE + TOKENS_PER_S * len(window) // SAMPLE_RATE_HZ - len(prefix)
+        options = replace(DEFAULT_OPTIONS, max_new_tokens=max(TOKENS_BASE, budget))
+        result = self.engine.transcribe_window(
+            window, prompt, policy, options=options, prefix=prefix,
+            retry_without_prefix=self._speech_after_commit_point,  # asked only if needed
+            span=span or self.span,
+        )
+        self.n_decodes += 1
+        self.n_capped += result.decode.capped
+        offset_ns = samples_to_ns(st.window_start)
+        words = []
+        for w in result.words:
+            text = w.text.strip()
+            if not text:
+                continue
+            words.append(
+                Word(
+                    text=text,
+                    start_ns=offset_ns + int(w.start_s * 1e9),
+                    end_ns=offset_ns + int(w.end_s * 1e9),
+                    probability=w.probability,
+                )
+            )
+        return self._after_commit_point(words, forced=result.prefix_used)
+
+    def _speech_after_commit_point(self) -> bool:
+        """Is there speech after the committed words (something left to transcribe)?"""
+        first = max(ns_to_samples(self.state.committed_end_ns), self.state.window_start)
+        if self.vad is None:
+            return True
+        end = self.audio.end_sample
+        return first < end and self._has_speech(self.audio.read(first, end))
+
+    def _after_commit_point(self, words: list[Word], forced: bool = False) -> list[Word]:
+        """Drop hypothesis words that re-state committed audio (Whisper repeats its context).
+
+        Word times move by ±100 ms between decodes, so the cut is by start time with a margin,
+        and then by text: a leading 1–5-gram equal to the committed tail is removed. After a
+        ``forced`` prefix (the committed words) every decoded word is new: only a word lying
+        wholly inside committed audio is dropped, since a start 100 ms earlier than the
+        committed end is timing noise, not a repeat (dropping it loses the word).
+        """
+        st = self.state
+        if forced:
+            out = [w for w in words if w.end_ns > st.committed_end_ns]
+        else:
+            cut = st.committed_end_ns - 100 * NS_PER_MS
+            out = [w for w in words if w.start_ns >= cut]
+        if not st.committed or not out or out[0].start_ns > st.committed_end_ns + 1_000 * NS_PER_MS:
+            return out
+        tail = [_norm(w.text) for w in st.committed[-5:]]
+        for n in range(min(5, len(out), len(tail)), 0, -1):
+            if [_norm(w.text) for w in out[:n]] == tail[-n:]:
+                return out[n:]
+        return out
+
+    def _commit(self, words: list[Word], end: int) -> list[Word]:
+        c, st = self.config, self.state
+        end_ns = samples_to_ns(end)
+        # a word that ends right at the audio end may be cut short (the speaker is mid-word):
+        # two decodes of nearly the same audio agree on such a guess, so it does not count
+        guard_ns = c.agree_guard_ms * NS_PER_MS
+        settled = 0
+        while settled < len(words) and end_ns - words[settled].end_ns >= guard_ns:
+            settled += 1
+        # streak[i]: decodes in a row, this one included, that heard words[i] out with the same
+        # words up to it. Agreement needs 2 (both decodes heard the word out: guesses at a
+        # cut-short word agree easily) and Whisper's probability, or unsure_agree_decodes.
+        streak = [0] * len(words)
+        for i in range(settled):
+            if i >= len(st.previous) or _norm(st.previous[i].text) != _norm(words[i].text):
+                streak[i:settled] = [1] * (settled - i)  # the words up to here differ
+                break
+            streak[i] = st.previous_streak[i] + 1
+        agreed = 0
+        while agreed < settled and streak[agreed] >= 2 and (
+                min(st.previous[agreed].probability, words[agreed].probability)
+                >= c.agree_min_probability or streak[agreed] >= c.unsure_agree_decodes):
+            agreed += 1  # two unsure guesses that agree are still guesses; more in a row are not
+        n = agreed
+        sure_ns = c.confident_guard_ms * NS_PER_MS
+        while (
+            c.confident_min_probability < 1.0
+            and n + 1 < len(words)
+            and end_ns - words[n].end_ns >= sure_ns
+            and words[n].probability >= c.confident_min_probability
+        ):
+            n += 1
+        while n < len(words) and end_ns - words[n].end_ns >= c.max_tentative_ms * NS_PER_MS:
+            n += 1
+        window_ms = (end - st.window_start) * 1000 // SAMPLE_RATE_HZ
+        if window_ms >= c.max_window_ms and n < len(words) - 1:
+            n = len(words) - 1  # never let the window overflow: commit all but the last word
+            self.n_forced_cuts += 1
+        newly = self._take(words[:n])
+        st.previous = words[n:]
+        st.previous_streak = streak[n:]
+        if window_ms >= c.max_window_ms and not newly and not st.previous:
+            st.window_start = end - 2 * SAMPLE_RATE_HZ  # no words at all: keep 2 s of context
+        return newly
+
+    def _take(self, words: list[Word]) -> list[Word]:
+        """Commit ``words`` (monotonic in time, never before the commit point)."""
+        st = self.state
+        out = []
+        for w in words:
+            if w.end_ns <= st.committed_end_ns and st.committed:
+                continue
+            start = max(w.start_ns, st.committed_end_ns)
+            word = Word(w.text, start, max(start, w.end_ns), w.probability)
+            out.append(word)
+            st.committed.append(word)
+            st.committed_end_ns = word.end_ns
+        if len(st.committed) > 4 * PROMPT_WORDS:
+            del st.committed[:-PROMPT_WORDS]
+        return out
+
+    def _on_silence(self, end: int) -> Hypothesis:
+        """No speech in the window: the tentative tail is final; skip the silence."""
+        st = self.state
+        newly = self._take(st.previous)
+        st.previous = []
+        commit = ns_to_samples(st.committed_end_ns) - LEAD_IN_SAMPLES
+        st.window_start = max(st.window_start, min(end - LEAD_IN_SAMPLES, commit))
+        st.settled_end = end
+        return self._hypothesis(newly)
+
+    def _trim(self, end: int) -> list[Word]:
+        """Move the window start up to the commit point; commit the tail at a pause."""
+        c, st = self.config, self.state
+        commit_sample = ns_to_samples(st.committed_end_ns)
+        if commit_sample - st.window_start >= c.trim_after_ms * SAMPLE_RATE_HZ // 1000:
+            # keep a second before the commit point: a cut exactly at a word boundary (±100 ms
+            # from DTW) clips the next word's onset; the repeated words are dropped again
+            st.window_start = max(st.window_start, min(commit_sample, end) - LEAD_IN_SAMPLES)
+        if self.vad is not None and st.previous:
+            # a pause after the last hypothesis word: the utterance has ended
+            last_end = ns_to_samples(st.previous[-1].end_ns)
+            tail = self.audio.read(max(last_end, st.window_start), end) if last_end < end else None
+            pause = c.pause_commit_ms * SAMPLE_RATE_HZ // 1000
+            if tail is not None and tail.shape[0] >= pause and not self._has_speech(tail):
+                newly = self._take(st.previous)
+                st.previous = []
+                return newly
+        return []
+
+    def _settle(self, end: int) -> None:
+        """How far the hypothesis accounts for all speech (the tagger reads the gap after the
+        last word as a pause, so it must hold no speech): up to the first speech after the last
+        hypothesis word, or to the audio end when none follows.
+
+        Speech is looked for frame by frame (30 ms), not in VAD regions: a region needs 250 ms of
+        speech, and the onset of a word not transcribed yet (Whisper often leaves the window's
+        last word out), or a short word, is less. A short burst right at the last word's end is
+        that word's own remainder (DTW ends are often early), not a new word."""
+        st = self.state
+        last = st.previous[-1] if st.previous else (st.committed[-1] if st.committed else None)
+        if self.vad is None:
+            st.settled_end = max(st.settled_end, end if last is None else
+                                 min(end, ns_to_samples(last.end_ns)))
+            return
+        first = st.window_start if last is None else ns_to_samples(last.end_ns)
+        first = min(end, max(first, st.window_start))
+        onset = self._speech_onset(first, end) if first < end else None
+        st.settled_end = max(st.settled_end, end if onset is None else onset)
+
+    def _speech_onset(self, first: int, end: int) -> int | None:
+        """First sample of speech in [first, end) (a short burst at ``first`` skipped)."""
+        mask = self.vad.speech_mask(self.audio.read(first, end))
+        regions = regions_from_mask(
+            mask, n_samples=end - first, min_speech_ms=SETTLE_MIN_SPEECH_MS,
+            min_silence_ms=SETTLE_JOIN_MS, pad_ms=SETTLE_PAD_MS,
+            min_voiced_run_ms=SETTLE_MIN_SPEECH_MS,
+        )
+        pad = SETTLE_PAD_MS * SAMPLE_RATE_HZ // 1000
+        remainder = REMAINDER_MS * SAMPLE_RATE_HZ // 1000
+        if regions and regions[0][0] == 0 and regions[0][1] - pad <= remainder:
+            regions = regions[1:]
+        return first + regions[0][0] if regions else None
+
+    def _hypothesis(self, newly: list[Word]) -> Hypothesis:
+        """``audio_end_ns`` is the settled end (see ``_settle``), not the audio received."""
+        return Hypothesis(
+            committed=tuple(newly),
+            tentative=tuple(self.state.previous),
+            audio_end_ns=samples_to_ns(self.state.settled_end),
+        )

@@ -1,0 +1,372 @@
+"""One channel of the daemon: source -> pipeline -> sinks, run (and re-run) by the supervisor,
+with its housekeeping and the two-step (prepare, commit) configuration reload."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import time
+from contextlib import AsyncExitStack
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from subd.config import ChannelSpec
+from subd.errors import AudioInputError, ConfigError
+from subd.pipeline.scheduler import Observer, Pipeline, Source
+from subd.pipeline.tickstats import Counters
+from subd.service.build import (
+    GuardedSource,
+    build_layout,
+    build_sink,
+    build_source,
+    sink_options,
+)
+from subd.sinks.events_log import EventsLog
+from subd.workers.hosts import FactorySpec
+
+if TYPE_CHECKING:
+    from subd.service.context import ChannelContext
+
+log = logging.getLogger("subd.service.daemon")
+
+HOUSEKEEPING_S = 1.0
+WORKER_CLOSE_S = 1.0  # after a drain the workers have nothing left to do: do not wait long
+DRAIN_BUDGET_S = 3.0  # SIGTERM: the pipelines' own drain, before it is cut short
+
+
+@dataclass
+class ReloadPlan:
+    """What a reload will change on one channel, built (and checked) before anything changes."""
+
+    spec: ChannelSpec
+    sinks: dict[str, tuple[Any, dict[str, Any]]] = field(default_factory=dict)  # name -> new
+    events_path: str | None = None
+
+    async def discard(self) -> None:
+        self.sinks.clear()  # built, never started: nothing to close
+
+
+class DaemonChannel:
+    """One channel's life: source -> pipeline -> sinks, run (and re-run) by the supervisor."""
+
+    def __init__(self, context: ChannelContext, spec: ChannelSpec, *, source: Source | None = None,
+                 sinks: list[Any] | None = None, events_path: str | None = None,
+                 observer: Observer | None = None) -> None:
+        self.ctx = context  # what the daemon lends a channel (subd.service.context)
+        self.spec = spec
+        self.name = spec.name
+        self._given_source = source
+        self._given_sinks = sinks
+        self._events_path = events_path
+        self.inner_observer = observer
+        self.metrics = context.metrics.channel(spec.name)
+        self.sinks: dict[str, Any] = {}
+        self._sink_opts: dict[str, dict[str, Any]] = {}
+        self.source: GuardedSource | None = None
+        self.pipeline: Pipeline | None = None
+        self.events: EventsLog | None = None
+        self.counters: Counters | None = None
+        self.push_handler: Any = None
+        self.stopping = False
+        self.aborted = False
+        self.lag_ns = 0
+        self._stop = asyncio.Event()
+        self.ready = asyncio.Event()  # set once its sinks are up (or its start failed)
+        self._task: asyncio.Task | None = None
+        self._source_state: tuple[bool, str] | None = None
+        self._started_ns = time.monotonic_ns()
+        self._stage_seen: dict[str, int] = {}
+        self._sse_dropped = 0
+
+    # -- what the daemon and the HTTP routes read --------------------------------------------
+
+    @property
+    def sse(self) -> Any:
+        return next((s for s in self.sinks.values() if hasattr(s, "handle_events")), None)
+
+    @property
+    def n_sse_clients(self) -> int:
+        return sum(getattr(s, "n_clients", 0) for s in self.sinks.values())
+
+    @property
+    def deadline_misses(self) -> int:
+        return self.pipeline.counters.deadline_misses if self.pipeline is not None else 0
+
+    def status(self) -> dict[str, Any]:
+        p = self.pipeline
+        return {"ticks": p.counters.ticks if p else 0, "lag_ms": self.lag_ns / 1e6}
+
+    def report_source(self, up: bool, detail: str = "") -> None:
+        if self._source_state == (up, detail):
+            return
+        was = self._source_state
+        self._source_state = (up, detail)
+        self.ctx.health.set_source(self.name, up, detail)
+        self.metrics.set_source(up)
+        if not up:
+            log.warning("channel %s: source down: %s", self.name, detail)
+        elif was is not None and not was[0]:
+            log.info("channel %s: source is back", self.name)
+
+    # -- life --------------------------------------------------------------------------------
+
+    def request_stop(self) -> None:
+        self.stopping = True
+        self._stop.set()
+        end = getattr(self.source.inner if self.source else None, "end", None)
+        if end is not None:
+            end()  # a queue source (push, microphone) ends its stream: the pipeline drains
+
+    def abort(self) -> None:
+        """Cut the drain short: the pipeline stops now; sinks still finalise their files."""
+        self.aborted = True
+        if self._task is not None:
+            self._task.cancel()
+
+    async def run(self) -> None:
+        while not self.stopping:
+            try:
+                await self._run_once()
+            finally:
+                self.ready.set()
+            if self._given_source is not None or self.spec.source.kind != "http":
+                return  # an HTTP push stream that ended: wait for the next one
+
+    def _build_source(self) -> GuardedSource:
+        from subd.sources.live import FileSource
+
+        d, src = self.ctx, self.spec.source
+        if self._given_source is not None:
+            return GuardedSource(self._given_source, self._stop, self.report_source)
+        try:
+            inner = build_source(d.config, spec=self.spec, token=d.push_token)
+        except AudioInputError as exc:
+            self.report_source(False, str(exc))
+            raise
+        path = None
+        if isinstance(inner, FileSource) and src.path and src.loop:
+            inner.loops, path = 1, Path(src.path)  # read again at every pass (vanished?)
+        if not inner.live:
+            self.report_source(True, "")
+        return GuardedSource(inner, self._stop, self.report_source, path)
+
+    async def _run_once(self) -> None:
+        from fractions import Fraction
+
+        from subd.history import AudioHistory
+        from subd.pipeline.scheduler import TickSettings
+        from subd.service.metrics import OpsObserver
+        from subd.sources.live import QueueSource, make_push_handler
+        from subd.types import SAMPLE_RATE_HZ
+        from subd.workers.hosts import TagHost
+        from subd.workers.process import InlineWorker
+
+        d, spec, cfg = self.ctx, self.spec, self.ctx.config
+        self.aborted = False
+        self._started_ns = time.monotonic_ns()
+        self.source = source = self._build_source()
+        if isinstance(source.inner, QueueSource) and not hasattr(source.inner, "open"):
+            self.push_handler = make_push_handler(source.inner, fmt=spec.source.pcm_format)
+        async with AsyncExitStack() as stack:
+            stack.callback(setattr, self, "push_handler", None)
+            history = AudioHistory(cfg.recognizer.history_s * SAMPLE_RATE_HZ,
+                                   shared=cfg.recognizer.process)
+            stack.callback(history.close)
+            rec = await d.recogniser.attach(self.name, d.recogniser_host(history))
+            stack.push_async_callback(d.recogniser.detach, self.name)
+            if d.tagger is not None:
+                tag = await d.tagger.attach(self.name, FactorySpec(
+                    "subd.workers.hosts:TagHost", {"tagger": d.tagger_spec}))
+                stack.push_async_callback(d.tagger.detach, self.name)
+            else:
+                tag = InlineWorker("tag", TagHost(d.tagger_spec), d.clock)
+            if hasattr(source.inner, "open"):
+                source.inner.open()  # a microphone
+                stack.callback(source.inner.close)
+            stack.push_async_callback(self._close_outputs)
+            await self._start_sinks()
+            self.ready.set()
+            events_path = self._events_path if self._given_source else spec.events.path
+            self.events = EventsLog(events_path) if events_path else None
+            speed = source.speed
+            tick = spec.tick
+            settings = TickSettings(
+                fps=tick.fps, latency_ms=tick.latency_ms, lookahead_ms=tick.lookahead_ms,
+                rate=speed if isinstance(speed, Fraction) else Fraction(1),
+                min_update_ms=cfg.recognizer.min_update_ms,
+                miss_tolerance_ms=tick.miss_tolerance_ms,
+                drain_timeout_s=cfg.pipeline.drain_timeout_s,
+                max_latency_ms=tick.max_latency_ms)
+            observer = OpsObserver(self.metrics, d.health, d.notifier,
+                                   audio_to_mono_ns=self._audio_to_mono_ns,
+                                   inner=self.inner_observer)
+            self.pipeline = Pipeline(clock=d.clock, settings=settings, source=source,
+                                     recogniser=rec, tagger=tag, history=history,
+                                     sinks=list(self.sinks.values()), events=self.events,
+                                     observer=observer, layout=build_layout(d.layout_spec))
+            self._task = asyncio.create_task(self.pipeline.run(), name=f"pipeline:{self.name}")
+            try:
+                self.counters = await self._task
+            except asyncio.CancelledError:
+                if not self.aborted or asyncio.current_task().cancelling():
+                    raise
+                self.counters = self.pipeline.counters
+                log.warning("channel %s: drain cut short; the files hold what was published",
+                            self.name)
+            except AudioInputError as exc:
+                if self.stopping:
+                    return  # a stream that ended before its first audio: nothing to drain
+                self.report_source(False, str(exc))
+                raise
+        c = self.counters
+        log.info("channel %s: published %d ticks: %d deadline misses, %d fallbacks, "
+                 "%d stale slots, %d degraded", self.name, c.ticks, c.deadline_misses,
+                 c.fallbacks, c.stale_slots, c.degraded_ticks)
+
+    def _audio_to_mono_ns(self, audio_ns: int) -> int:
+        grid = self.pipeline.grid
+        return grid.t0_ns + int(audio_ns / grid.rate)
+
+    async def _start_sinks(self) -> None:
+        if self._given_source is not None:
+            given = self._given_sinks or []
+            self.sinks = {f"{getattr(s, 'name', 'sink')}#{i}": s for i, s in enumerate(given)}
+        else:
+            cfg = self.ctx.config
+            self._sink_opts = {n: sink_options(cfg, n, self.spec)
+                               for n in self.spec.sinks.enabled}
+            self.sinks = {n: build_sink(n, o) for n, o in self._sink_opts.items()}
+        for sink in self.sinks.values():
+            await sink.start()
+
+    async def _close_outputs(self) -> None:
+        sinks, self.sinks = list(self.sinks.values()), {}
+        for sink in sinks:
+            try:
+                await sink.close()
+            except Exception:  # noqa: BLE001 - the other sinks still close
+                log.exception("channel %s: closing sink %s failed", self.name,
+                              getattr(sink, "name", sink))
+        if self.events is not None:
+            self.events.close()
+            self.events = None
+
+    # -- housekeeping (once a second) --------------------------------------------------------
+
+    def housekeeping(self) -> None:
+        self._check_live_source()
+        p = self.pipeline
+        if p is None or p.grid is None or p.ring is None:
+            return
+        m, health = self.metrics, self.ctx.health
+        m.sync_stale_slots(p.ring.stale_count)
+        self.lag_ns = max(0, p.ingested_until_ns - p.recognised_until_ns)
+        m.set_lag(self.lag_ns)
+        health.set_lag(self.name, self.lag_ns)
+        m.sse_clients.set(self.n_sse_clients)
+        dropped = sum(getattr(s, "n_dropped", 0) for s in self.sinks.values())
+        if dropped > self._sse_dropped:
+            m.sse_drops.inc(dropped - self._sse_dropped)
+        self._sse_dropped = dropped
+        for stage, durations in p.counters.stage.items():
+            if stage == "recognise":
+                continue  # recorded per result by the observer
+            seen = self._stage_seen.get(stage, 0)
+            new = durations.values()[-min(durations.count - seen, 256):] \
+                if durations.count > seen else ()
+            for ns in new:
+                m.stage_duration(stage, int(ns))
+            self._stage_seen[stage] = durations.count
+
+    def _check_live_source(self) -> None:
+        inner = self.source.inner if self.source is not None else None
+        last = getattr(inner, "last_push_ns", -1)
+        if last == -1 or self.stopping:
+            return  # not a queue source (push, microphone)
+        quiet_ns = self.spec.source.quiet_after_ms * 1_000_000
+        now = time.monotonic_ns()
+        if last is None:
+            if now - self._started_ns > quiet_ns:
+                self.report_source(False, "no audio received yet")
+        elif now - last > quiet_ns:
+            self.report_source(False, f"no audio for {(now - last) / 1e9:.0f} s "
+                                      f"(pusher or device gone)")
+        else:
+            self.report_source(True, "")
+
+    # -- reload -------------------------------------------------------------------------------
+
+    def needs_restart(self, spec: ChannelSpec) -> bool:
+        """A new source or tick rate cannot be switched to on a running pipeline."""
+        same_tick = dataclasses.replace(self.spec.tick, latency_ms=0) == \
+            dataclasses.replace(spec.tick, latency_ms=0)
+        return self.pipeline is None or not same_tick or self.spec.source != spec.source
+
+    async def prepare(self, spec: ChannelSpec) -> ReloadPlan:
+        tick = spec.tick
+        if not tick.lookahead_ms < tick.latency_ms <= self.spec.tick.max_latency_ms:
+            raise ConfigError(f"[channels.{self.name}.tick] latency_ms = {tick.latency_ms}: "
+                              f"must be in {tick.lookahead_ms + 1}.."
+                              f"{self.spec.tick.max_latency_ms} (max_latency_ms at start)")
+        plan = ReloadPlan(spec)
+        cfg = self.ctx.config
+        for name in spec.sinks.enabled:
+            opts = sink_options(cfg, name, spec)
+            old = self._sink_opts.get(name)
+            if "latency_ms" in opts and old is not None:
+                old = {**old, "latency_ms": opts["latency_ms"]}  # SSE: patched in place
+            if name in self.sinks and old == opts:
+                continue  # unchanged
+            plan.sinks[name] = (build_sink(name, opts), opts)  # checks the options
+        if spec.events.path != self.spec.events.path:
+            plan.events_path = spec.events.path
+        return plan
+
+    async def commit(self, plan: ReloadPlan, layout: Any | None) -> None:
+        p, spec = self.pipeline, plan.spec
+        if spec.tick.latency_ms != p.settings.latency_ms:
+            for attempt in range(20):
+                try:
+                    p.set_latency(spec.tick.latency_ms)
+                    break
+                except RuntimeError:
+                    if attempt == 19:
+                        raise
+                    await asyncio.sleep(0.05)
+        sse = self.sse
+        if sse is not None and hasattr(sse.config, "latency_ms"):
+            sse.config = dataclasses.replace(sse.config, latency_ms=spec.tick.latency_ms)
+        old = {n: s for n, s in self.sinks.items()
+               if n not in spec.sinks.enabled or n in plan.sinks}
+        sinks = {n: self.sinks[n] if n not in plan.sinks else plan.sinks[n][0]
+                 for n in spec.sinks.enabled}
+        self.sinks, p.sinks[:] = sinks, list(sinks.values())  # one step: no tick is missed
+        for name, (_, opts) in plan.sinks.items():
+            self._sink_opts[name] = opts
+        for sink in old.values():  # finalise the old files before the new sinks adopt them
+            await sink.close()
+        for name in plan.sinks:
+            try:
+                await sinks[name].start()
+            except Exception:  # noqa: BLE001 - cannot roll back now; the others run on
+                log.exception("reload: channel %s: sink %s did not start", self.name, name)
+        plan.sinks.clear()
+        if plan.events_path is not None:
+            self._swap_events(plan.events_path)
+        p.layout = layout
+        self.spec = spec
+
+    def _swap_events(self, path: str) -> None:
+        from subd.pipeline.ticks import fps_text
+
+        p = self.pipeline
+        new = EventsLog(path) if path else None
+        if new is not None:
+            g = p.grid
+            new.write_start(g.t0_ns, fps_text(g.fps), g.latency_ns // 1_000_000,
+                            g.lookahead_ns // 1_000_000)
+        old, self.events, p.events = self.events, new, new
+        if old is not None:
+            old.close()

@@ -1,0 +1,5 @@
+"""Deterministic test doubles (a scripted recogniser and recording sinks). Benchmarks use them
+as baselines and tests as fixtures; the daemon never imports them.
+
+May import: ``subd.sinks`` and the top-level modules.
+"""

@@ -1,0 +1,219 @@
+"""Stage payloads and the stage hosts that run inside workers (a process, or inline for tests).
+
+* :class:`RecogniserHost` owns the streaming recogniser. It reads new audio straight from the
+  shared-memory :class:`~subd.pipeline.ring.AudioHistory` (the pipe carries only sample indices), feeds it
+  with ``accept`` and returns the ``update`` hypothesis.
+* :class:`TagHost` runs the streaming tagger over new words at a tick's look-ahead fetch.
+
+Both are built from :class:`FactorySpec` (an importable "module:callable" plus keyword
+arguments) so a spawned process can construct them. The tagger is pluggable; without one,
+:class:`PassThroughTagger` keeps the recogniser's words as they are.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from subd.errors import ConfigError
+from subd.history import AudioHistory
+from subd.torch_threads import torch_threads
+from subd.types import AudioChunk, Hypothesis, TaggedWord, Word
+
+log = logging.getLogger("subd.workers.hosts")
+
+
+@dataclass(frozen=True, slots=True)
+class FactorySpec:
+    """``target`` is "package.module:callable"; called with ``kwargs`` in the worker."""
+
+    target: str
+    kwargs: dict[str, Any] = field(default_factory=dict)
+
+    def build(self) -> Any:
+        module_name, _, attr = self.target.partition(":")
+        if not attr:
+            raise ConfigError(f"{self.target!r}: expected 'module:callable'")
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError as exc:
+            raise ConfigError(f"{self.target!r}: cannot import {module_name} ({exc})") from None
+        try:
+            factory = getattr(module, attr)
+        except AttributeError:
+            raise ConfigError(f"{self.target!r}: {module_name} has no {attr}") from None
+        return factory(**self.kwargs)
+
+
+# ---- recognise stage ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class UpdateRequest:
+    end_sample: int  # audio [accepted, end_sample) is in the history ring
+
+
+@dataclass(frozen=True, slots=True)
+class FinishRequest:
+    end_sample: int
+
+
+@dataclass(frozen=True, slots=True)
+class RecogniseResult:
+    hypothesis: Hypothesis
+    accepted_sample: int
+    duration_ns: int
+    lost_samples: int = 0  # audio overwritten before the recogniser read it (live overrun)
+
+
+class RecogniserHost:
+    def __init__(self, recognizer: FactorySpec, history_capacity: int,
+                 history_name: str | None = None, history: AudioHistory | None = None) -> None:
+        self.history = history if history is not None else AudioHistory(
+            history_capacity, name=history_name)
+        self.recognizer = recognizer.build()
+        self.accepted_sample = 0
+
+    def _accept_until(self, end_sample: int) -> int:
+        lost = 0
+        if end_sample <= self.accepted_sample:
+            return 0
+        oldest = end_sample - self.history.capacity
+        start = self.accepted_sample
+        if start < oldest:  # the writer lapped us: skip what is gone, say how much
+            lost = oldest - start
+            start = oldest
+        chunk = AudioChunk(start_sample=start, samples=self.history.read(start, end_sample))
+        self.recognizer.accept(chunk)
+        self.accepted_sample = end_sample
+        return lost
+
+    def handle(self, request: Any) -> RecogniseResult:
+        t_ns = time.monotonic_ns()
+        lost = self._accept_until(request.end_sample)
+        if isinstance(request, FinishRequest):
+            hyp = self.recognizer.finish()
+        else:
+            hyp = self.recognizer.update()
+        return RecogniseResult(hyp, self.accepted_sample, time.monotonic_ns() - t_ns, lost)
+
+    def close(self) -> None:
+        self.history.close()
+
+
+# ---- tag stage ------------------------------------------------------------------------------
+
+
+class StreamTagger(Protocol):
+    """A streaming tagger (subd.punct.stream.PunctStream has this shape).
+
+    ``update`` receives the words committed since the last call and the current tentative
+    tail; it returns ``final`` (words whose punctuation/case are now decided, in order, each
+    exactly once) and ``provisional`` (the undecided rest, display only).
+    """
+
+    def update(self, committed: Sequence[Word], tentative: Sequence[Word],
+               audio_end_ns: int) -> Any: ...
+
+    def flush(self, audio_end_ns: int | None = None) -> Any: ...
+
+
+class PassThroughTagger:
+    """No tagger: committed words are final at once, as the recogniser spelled them."""
+
+    def update(self, committed: Sequence[Word], tentative: Sequence[Word],
+               audio_end_ns: int) -> TagUpdate:
+        return TagUpdate(tuple(passthrough(w, True) for w in committed),
+                         tuple(passthrough(w, False) for w in tentative))
+
+    def flush(self, audio_end_ns: int | None = None) -> TagUpdate:
+        return TagUpdate((), ())
+
+
+def passthrough(word: Word, final: bool) -> TaggedWord:
+    return TaggedWord(word=word, text=word.text, final=final)
+
+
+@dataclass(frozen=True, slots=True)
+class TagUpdate:
+    final: tuple[TaggedWord, ...]
+    provisional: tuple[TaggedWord, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class TagRequest:
+    """Tick k's look-ahead fetch: the committed words the tagger has not seen (global indices
+    from ``first_idx``), the tentative tail, and how far the recogniser has heard. Words past
+    tick k's end are right context: tagged now, published at later ticks."""
+
+    k: int
+    first_idx: int
+    committed: tuple[Word, ...]
+    tentative: tuple[Word, ...]
+    audio_end_ns: int
+    flush: bool = False  # end of stream: decide everything
+
+
+@dataclass(frozen=True, slots=True)
+class TagResult:
+    k: int
+    first_final_idx: int  # global index of final[0]
+    final: tuple[TaggedWord, ...]
+    provisional: tuple[TaggedWord, ...]
+    duration_ns: int = 0
+
+
+def make_punct_stream(**config: Any) -> StreamTagger:
+    """The CRF tagger behind subd.punct.stream, with its shipped weights."""
+    from subd.models.punct import PunctTagger
+    from subd.punct.stream import PunctConfig, PunctStream
+
+    return PunctStream(PunctTagger.load(), PunctConfig(**config) if config else None)
+
+
+def resolve_tagger(spec: str) -> FactorySpec | None:
+    """Config value -> factory (None = pass-through)."""
+    if spec == "none":
+        return None
+    if spec == "auto":
+        if importlib.util.find_spec("subd.punct.stream") is None:
+            log.info("tagger: subd.punct.stream is not installed; words pass through untagged")
+            return None
+        return FactorySpec("subd.workers.hosts:make_punct_stream")
+    return FactorySpec(spec)
+
+
+class TagHost:
+    def __init__(self, tagger: FactorySpec | None = None) -> None:
+        self.tagger: StreamTagger = tagger.build() if tagger else PassThroughTagger()
+        self.n_final = 0
+
+    def handle(self, req: TagRequest) -> TagResult:
+        # A tag pass is a few small matrix products: with torch's default of one intra-op
+        # thread per core, the second thread spun after each and burned as much CPU as the
+        # tagger itself (soak: the tag process used a third of the recogniser's CPU), on the
+        # core the publisher needs.
+        with torch_threads(1):
+            return self._handle(req)
+
+    def _handle(self, req: TagRequest) -> TagResult:
+        t_ns = time.monotonic_ns()
+        upd = self.tagger.update(req.committed, () if req.flush else req.tentative,
+                                 req.audio_end_ns)
+        final = tuple(upd.final)
+        provisional = tuple(upd.provisional)
+        if req.flush:
+            rest = self.tagger.flush(req.audio_end_ns)
+            final += tuple(rest.final)
+            provisional = ()
+        first = self.n_final
+        self.n_final += len(final)
+        return TagResult(req.k, first, final, provisional, time.monotonic_ns() - t_ns)
+
+    def close(self) -> None:
+        pass
