@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import socket
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from fractions import Fraction
@@ -98,11 +100,26 @@ async def running(config: SSEConfig | None = None, **kw) -> AsyncIterator[SSESin
 HELLO = TaggedWord(Word("hello", 0, 300 * MS), "hello", punct=",", case="cap")
 STATE = CaptionState(k=7, due_ns=123456789, audio_end_ns=266666666, committed=(HELLO,),
                      tentative="wor")
+# due_unix_ns: the same instant on CLOCK_REALTIME, read when the event is encoded (19 digits)
 EVENT = (
-    b'id: 7\ndata: {"type":"delta","k":7,"due_ns":123456789,"audio_end_ns":266666666,"w0":0,'
+    b'id: 7\ndata: {"type":"delta","k":7,"due_ns":123456789,"due_unix_ns":%d,'
+    b'"audio_end_ns":266666666,"w0":0,'
     b'"words":[["Hello,",0,300000000]],"tentative":"wor","cues":[],"fallback":false,'
-    b'"degraded":false}\n\n'
+    b'"degraded":false}\n\n' % (10**18)
 )
+UNIX_NS = re.compile(rb'"due_unix_ns":(\d{19}),')
+
+
+def same_event(got: bytes, want: bytes = EVENT) -> bool:
+    """Byte for byte, but for due_unix_ns, which must be due_ns on CLOCK_REALTIME (+-50 ms)."""
+    match = UNIX_NS.search(got)
+    if match is None:
+        return False
+    unix = int(match.group(1))
+    offset = time.time_ns() - time.monotonic_ns()
+    if abs(unix - (123456789 + offset)) > 50 * MS:
+        return False
+    return UNIX_NS.sub(b'"due_unix_ns":%d,' % (10**18), got) == want
 
 
 def test_wire_format_exact_bytes_http11_and_http10() -> None:
@@ -117,11 +134,14 @@ def test_wire_format_exact_bytes_http11_and_http10() -> None:
             assert await c11.reader.readexactly(18) == b"d\r\nretry: 1000\n\n\r\n"
             sink.publish(STATE)
             framed = b"%x\r\n" % len(EVENT) + EVENT + b"\r\n"
-            assert await c11.reader.readexactly(len(framed)) == framed
+            got = await c11.reader.readexactly(len(framed))
+            assert got.startswith(b"%x\r\n" % len(EVENT)) and got.endswith(b"\r\n")
+            assert same_event(got[got.index(b"\r\n") + 2 : -2])
             raw = b""
             while len(raw) < len(b"retry: 1000\n\n") + len(EVENT):
                 raw += await asyncio.wait_for(c10.reader.read(65536), 10)
-            assert raw == b"retry: 1000\n\n" + EVENT
+            assert raw.startswith(b"retry: 1000\n\n")
+            assert same_event(raw[len(b"retry: 1000\n\n"):])
             c11.close()
             c10.close()
 
@@ -325,7 +345,7 @@ def test_prepare_then_publish_writes_the_same_bytes_once() -> None:
                                committed=(), tentative="")
             sink.publish(nxt)  # published without prepare: encoded on the spot
             for conn in (early, late):
-                assert await conn.next_block() == EVENT  # tick 7 once, byte for byte
+                assert same_event(await conn.next_block())  # tick 7 once, byte for byte
                 assert (await conn.next_event())[0] == 8
                 conn.close()
 

@@ -8,7 +8,7 @@ import time
 from collections.abc import Callable
 
 import pytest
-from test_sse import EVENT, STATE, Conn, _drain, connect, running, states
+from test_sse import EVENT, STATE, Conn, _drain, connect, running, same_event, states
 
 from subd.errors import ConfigError
 from subd.layout.cues import token_of
@@ -46,8 +46,9 @@ def test_worker_writes_the_exact_bytes_and_heartbeats() -> None:
                 assert await conn.reader.readexactly(18) == b"d\r\nretry: 1000\n\n\r\n"
             sink.publish(STATE)
             framed = b"%x\r\n" % len(EVENT) + EVENT + b"\r\n"
-            for conn in (local, remote):
-                assert await asyncio.wait_for(conn.reader.readexactly(len(framed)), 10) == framed
+            got = [await asyncio.wait_for(conn.reader.readexactly(len(framed)), 10)
+                   for conn in (local, remote)]
+            assert got[0] == got[1] and same_event(got[0][got[0].index(b"\r\n") + 2 : -2])
             assert await remote.next_block() == b": hb\n\n"
             local.close()
             remote.close()

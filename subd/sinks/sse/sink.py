@@ -49,9 +49,11 @@ from subd.sinks.sse.wire import (
     chunk,
     cors_headers,
     cue_json,
+    delta_payload,
     encode_event,
     options_response,
     set_sndbuf,
+    unix_ns,
 )
 from subd.sinks.sse.worker import moving_average, reset_on_close
 from subd.tasks import cancel_and_wait
@@ -273,20 +275,14 @@ class SSESink:
         closed = self._layout.push(state.committed, state.audio_end_ns, state.tentative)
         words = [[w.text, w.start_ns, w.end_ns] for w in map(token_of, state.committed)]
         cues = [cue_json(c) for c in closed]
-        payload = {
-            "type": "delta",
-            "k": state.k,
-            "due_ns": state.due_ns,
-            "audio_end_ns": state.audio_end_ns,
-            "w0": self._n_words,
-            "words": words,
-            "tentative": state.tentative,
-            "cues": cues,
-            "fallback": state.fallback,
-            "degraded": state.degraded,
-        }
+        return self._encoded(state, delta_payload(state, self._n_words, words, cues))
+
+    @staticmethod
+    def _encoded(state: CaptionState, payload: dict[str, Any]) -> _Prepared:
+        """Tick k's delta ``payload`` as event bytes (an edge's relay sink encodes payloads
+        that came over the bus, laid out by the daemon, with this)."""
         event = encode_event(state.k, payload)
-        return _Prepared(state, event, chunk(event), words, cues)
+        return _Prepared(state, event, chunk(event), payload["words"], payload["cues"])
 
     def _offer(self, client: _Client, event: bytes, framed: bytes, now: int) -> None:
         transport = client.transport
@@ -434,6 +430,7 @@ class SSESink:
                 "type": "full",
                 "k": state.k,
                 "due_ns": state.due_ns,
+                "due_unix_ns": unix_ns(state.due_ns),
                 "audio_end_ns": state.audio_end_ns,
                 "latency_ns": self.config.latency_ms * NS_PER_MS,
                 "w0": self._n_words - len(self._words),

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -12,7 +13,7 @@ from typing import Any
 from aiohttp import web
 
 from subd.layout.cues import LayoutConfig
-from subd.types import Cue
+from subd.types import CaptionState, Cue
 from subd.validate import check_range, from_mapping
 
 NS_PER_MS = 1_000_000
@@ -56,6 +57,36 @@ class SSEConfig:
     @classmethod
     def from_mapping(cls, data: Mapping[str, Any], section: str = "sinks.sse") -> SSEConfig:
         return from_mapping(cls, section, data, section=section)
+
+
+def unix_ns(monotonic_ns: int) -> int:
+    """The CLOCK_REALTIME time (NTP/PTP-disciplined: the clock every machine shares) of the
+    instant that is ``monotonic_ns`` on this host's monotonic clock."""
+    return monotonic_ns + time.time_ns() - time.monotonic_ns()
+
+
+def monotonic_of(unix_time_ns: int) -> int:
+    """This host's monotonic time of the instant that is ``unix_time_ns`` on CLOCK_REALTIME."""
+    return unix_time_ns - time.time_ns() + time.monotonic_ns()
+
+
+def delta_payload(state: CaptionState, w0: int, words: list[list[Any]],
+                  cues: list[list[Any]]) -> dict[str, Any]:
+    """A ``delta`` event: ``due_ns`` on the writing host's monotonic clock, ``due_unix_ns`` the
+    same instant on CLOCK_REALTIME (what an edge on another machine releases it by)."""
+    return {
+        "type": "delta",
+        "k": state.k,
+        "due_ns": state.due_ns,
+        "due_unix_ns": unix_ns(state.due_ns),
+        "audio_end_ns": state.audio_end_ns,
+        "w0": w0,
+        "words": words,
+        "tentative": state.tentative,
+        "cues": cues,
+        "fallback": state.fallback,
+        "degraded": state.degraded,
+    }
 
 
 def encode_event(k: int, payload: Mapping[str, Any]) -> bytes:
