@@ -110,6 +110,8 @@ class WhisperEngine:
     @torch.inference_mode()
     def encode(self, mel: torch.Tensor, n_frames: int = WINDOW_FRAMES) -> torch.Tensor:
         """mel [n_mels, ≤n_frames] -> audio features [1, n_frames/2, D] (zero-padded window)."""
+        # the front end runs on the CPU; the model may sit on a GPU (subd.gpu.device.load_engine)
+        mel = mel.to(self.model.encoder.conv1.weight.device)
         return self.model.encoder(pad_or_trim_frames(mel, n_frames)[None])
 
     @torch.inference_mode()

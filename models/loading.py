@@ -18,7 +18,7 @@ import torch
 
 from subd.errors import ModelError
 from subd.models import ct2
-from subd.models.tokenizer import WhisperTokenizer
+from subd.models.tokenizer import N_TIMESTAMPS, WhisperTokenizer
 from subd.models.whisper import Whisper, WhisperDims
 
 
@@ -171,7 +171,8 @@ def _load_ct2(
         config = json.loads(config_path.read_text())
     except (OSError, ValueError) as exc:
         raise ModelError(f"{config_path}: not readable JSON ({exc})") from None
-    tokenizer = WhisperTokenizer(tok_path, multilingual=dims["n_vocab"] >= 51865)
+    tokenizer = WhisperTokenizer(tok_path, multilingual=dims["n_vocab"] >= VOCAB_MULTI)
+    check_vocab(tokenizer, int(dims["n_vocab"]), str(tok_path))
     heads = tuple(tuple(h) for h in config.get("alignment_heads", ())) or _default_heads(dims)
     return LoadedModel(
         name=name,
@@ -183,10 +184,59 @@ def _load_ct2(
     )
 
 
-def _packaged_tokenizer_for(n_vocab: int) -> tuple[Path, Path]:
-    name = "tiny.en" if n_vocab < 51865 else "base"
-    spec = PACKAGED[name]
-    return _pinned_path(spec.tokenizer, spec.pip_name), _pinned_path(spec.config, spec.pip_name)
+VOCAB_EN = 51864  # English-only models (tiny.en .. medium.en, distil-*.en)
+VOCAB_MULTI = 51865  # multilingual tiny .. large-v2: 99 language tokens
+VOCAB_V3 = 51866  # large-v3, large-v3-turbo, distil-large-v3: <|yue|> added, 100 languages
+V3_NEW_TOKEN = "<|yue|>"
+V3_NEW_ID = 50358  # every token from here on (<|translate|>, ..., timestamps) moves up by one
+
+
+def large_v3_tokenizer_json(base_json: str) -> str:
+    """The large-v3 vocabulary from the multilingual (51865) tokenizer.json: ``<|yue|>`` at
+    50358 after the 99 languages, and every special token from there on one id higher. Loading
+    a large-v3 checkpoint with the 51865 vocabulary puts every special token off by one
+    (<|transcribe|> reads as <|translate|>, timestamps shift by 20 ms)."""
+    data = json.loads(base_json)
+    added = data["added_tokens"]
+    if any(t["content"] == V3_NEW_TOKEN for t in added):
+        return base_json  # already the large-v3 vocabulary
+    template = next(t for t in added if t["content"] == "<|su|>")
+    for t in added:
+        if t["id"] >= V3_NEW_ID:
+            t["id"] += 1
+    added.append({**template, "id": V3_NEW_ID, "content": V3_NEW_TOKEN})
+    added.sort(key=lambda t: t["id"])
+    for entry in (data.get("post_processor") or {}).get("special_tokens", {}).values():
+        entry["ids"] = [i + 1 if i >= V3_NEW_ID else i for i in entry.get("ids", [])]
+    return json.dumps(data)
+
+
+def tokenizer_for_vocab(n_vocab: int) -> tuple[WhisperTokenizer, tuple[int, ...]]:
+    """A packaged tokenizer and suppress list that fit a vocabulary of ``n_vocab`` tokens
+    (for checkpoints that ship none: openai-whisper ``.pt``, safetensors without one)."""
+    if n_vocab not in (VOCAB_EN, VOCAB_MULTI, VOCAB_V3):
+        raise ModelError(f"a vocabulary of {n_vocab} tokens is not Whisper's "
+                         f"({VOCAB_EN} English-only, {VOCAB_MULTI} multilingual, "
+                         f"{VOCAB_V3} large-v3)")
+    spec = PACKAGED["tiny.en" if n_vocab == VOCAB_EN else "base"]
+    tok_path = _pinned_path(spec.tokenizer, spec.pip_name)
+    config = json.loads(_pinned_path(spec.config, spec.pip_name).read_text())
+    suppress = tuple(int(t) for t in config.get("suppress_ids", ()))
+    if n_vocab != VOCAB_V3:
+        return WhisperTokenizer(tok_path, multilingual=n_vocab != VOCAB_EN), suppress
+    text = large_v3_tokenizer_json(tok_path.read_text())
+    suppress = tuple(t + 1 if t >= V3_NEW_ID else t for t in suppress)
+    return WhisperTokenizer(None, multilingual=True, json_text=text), suppress
+
+
+def check_vocab(tokenizer: WhisperTokenizer, n_vocab: int, where: str) -> None:
+    """The timestamps end the vocabulary: a tokenizer whose special tokens are off by one for
+    these weights fails here, at load, instead of decoding garbage."""
+    ts = tokenizer.special.timestamp_begin
+    if ts is None or ts + N_TIMESTAMPS != n_vocab:
+        raise ModelError(
+            f"{where}: the tokenizer does not fit the weights ({n_vocab} tokens, but its "
+            f"timestamps start at {ts}, which fits {None if ts is None else ts + N_TIMESTAMPS})")
 
 
 def _load_openai_pt(path: Path) -> LoadedModel:
@@ -198,15 +248,14 @@ def _load_openai_pt(path: Path) -> LoadedModel:
             f"{path}: not an openai-whisper checkpoint ({type(exc).__name__})"
         ) from None
     state_dict = {k: v.float() for k, v in state_dict.items() if k != "alignment_heads"}
-    tok_path, cfg_path = _packaged_tokenizer_for(int(dims["n_vocab"]))
-    config = json.loads(cfg_path.read_text())
-    tokenizer = WhisperTokenizer(tok_path, multilingual=int(dims["n_vocab"]) >= 51865)
+    tokenizer, suppress = tokenizer_for_vocab(int(dims["n_vocab"]))
+    check_vocab(tokenizer, int(dims["n_vocab"]), str(path))
     return LoadedModel(
         name=path.stem,
         model=_build(dims, state_dict, str(path)),
         tokenizer=tokenizer,
         alignment_heads=_default_heads(dims),
-        suppress_tokens=tuple(config.get("suppress_ids", ())),
+        suppress_tokens=suppress,
         source=str(path),
     )
 
@@ -281,8 +330,11 @@ def _load_hf_dir(path: Path) -> LoadedModel:
         n_text_layer=config["decoder_layers"],
     )
     tok_path = path / "tokenizer.json"
-    if not tok_path.is_file():
-        tok_path, _ = _packaged_tokenizer_for(dims["n_vocab"])
+    if tok_path.is_file():
+        tokenizer = WhisperTokenizer(tok_path, multilingual=dims["n_vocab"] >= VOCAB_MULTI)
+    else:
+        tokenizer, _ = tokenizer_for_vocab(dims["n_vocab"])
+    check_vocab(tokenizer, dims["n_vocab"], str(path))
     gen_cfg = path / "generation_config.json"
     heads: tuple[tuple[int, int], ...] = ()
     suppress: tuple[int, ...] = tuple(config.get("suppress_tokens") or ())
@@ -293,7 +345,7 @@ def _load_hf_dir(path: Path) -> LoadedModel:
     return LoadedModel(
         name=path.name,
         model=_build(dims, state_dict, str(path)),
-        tokenizer=WhisperTokenizer(tok_path, multilingual=dims["n_vocab"] >= 51865),
+        tokenizer=tokenizer,
         alignment_heads=heads or _default_heads(dims),
         suppress_tokens=suppress,
         source=str(path),
@@ -328,6 +380,10 @@ def load_model(name_or_path: str = "tiny.en") -> LoadedModel:
         )
     if path.is_dir() and any(path.glob("*.safetensors")):
         return _load_hf_dir(path)
+    if path.is_dir() and (path / "weights_int8.pt").is_file():
+        from subd.models.portable import load_portable  # it imports this module
+
+        return load_portable(path)
     raise ModelError(
         f"{path}: not a model (expected a CTranslate2 directory with model.bin, a .safetensors "
         "directory, or an openai-whisper .pt file)"

@@ -8,6 +8,7 @@ from pathlib import Path
 from tokenizers import Tokenizer
 
 TIME_PRECISION_S = 0.02  # one timestamp token step
+N_TIMESTAMPS = 1501  # <|0.00|> .. <|30.00|>: the vocabulary ends with them
 
 
 @dataclass(frozen=True, slots=True)
@@ -24,8 +25,10 @@ class SpecialTokens:
 
 
 class WhisperTokenizer:
-    def __init__(self, path: Path, multilingual: bool):
-        self._tok = Tokenizer.from_file(str(path))
+    def __init__(self, path: Path | None, multilingual: bool, *, json_text: str | None = None):
+        # ``json_text``: a tokenizer.json built in memory (models.loading: large-v3's vocabulary)
+        self._tok = Tokenizer.from_str(json_text) if json_text is not None \
+            else Tokenizer.from_file(str(path))
         self.multilingual = multilingual
         tid = self._tok.token_to_id
         no_speech = tid("<|nospeech|>") or tid("<|nocaptions|>")

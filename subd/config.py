@@ -71,6 +71,13 @@ class SourceConfig:
     # for this long -> the source is reported down (pusher gone, device unplugged)
 
 
+def nvidia_present() -> bool:
+    """An NVIDIA driver on this machine (its device nodes or /proc entry), seen without torch."""
+    import os
+
+    return os.path.exists("/dev/nvidiactl") or os.path.exists("/proc/driver/nvidia/version")
+
+
 @register_section("recognizer")
 @dataclass(frozen=True, slots=True)
 class RecognizerConfig:
@@ -83,6 +90,31 @@ class RecognizerConfig:
     encoder_pad_ms: int = field(default=2000, metadata=rng(0, 30_000))
     history_s: int = field(default=40, metadata=rng(31, 600))  # > Whisper's 30 s window
     start_timeout_s: int = field(default=300, metadata=rng(1, 3600))
+    # where the recogniser runs: "auto" (the first GPU if torch sees one, else the CPU),
+    # "cpu", "cuda" or "cuda:N"; CUDA asked for and absent is a one-line error at start
+    device: str = "auto"
+    # weights: "auto" = int8 on the CPU, fp16 on CUDA; int8 is CPU only, fp16/bf16 CUDA only
+    precision: str = field(default="auto",
+                           metadata=choice("auto", "int8", "fp32", "fp16", "bf16"))
+    # every channel's decodes batched in one recogniser (subd.gpu.serve): "auto" = on CUDA
+    # always, on the CPU from 2 channels on; "on"; "off" (one decode at a time, as before)
+    batched: str = field(default="auto", metadata=choice("auto", "on", "off"))
+
+    def validate(self) -> None:
+        if not re.fullmatch(r"auto|cpu|cuda(:\d{1,2})?", self.device):
+            raise ConfigError(f"[recognizer] device: {self.device!r} is not one of auto, cpu, "
+                              "cuda, cuda:N")
+        # refused here, before any worker starts and without importing torch: the recogniser
+        # process checks the rest (a CPU-only torch, a GPU index out of range; subd.gpu.device)
+        if self.device.startswith("cuda") and not nvidia_present():
+            raise ConfigError(f"[recognizer] device = {self.device!r}: CUDA is not available: "
+                              "no NVIDIA driver on this machine")
+        if self.precision == "int8" and self.device.startswith("cuda"):
+            raise ConfigError("[recognizer] precision: int8 runs on the CPU only "
+                              "(use fp16 or bf16 on CUDA)")
+        if self.precision in ("fp16", "bf16") and self.device == "cpu":
+            raise ConfigError(f"[recognizer] precision: {self.precision} needs CUDA "
+                              "(use int8 or fp32 on the CPU)")
 
 
 @register_section("pipeline")

@@ -34,6 +34,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--lookahead-ms", type=int, help="A: look-ahead fetch window (150)")
     p.add_argument("--fps", help="tick rate: 30 (default), 25, 30000/1001 ...")
     p.add_argument("--model", help="recogniser model (default tiny.en)")
+    p.add_argument("--device", help="recogniser device: auto, cpu, cuda or cuda:N "
+                   "(default: [recognizer] device)")
     p.add_argument("--config", help="configuration file (defaults: built in)")
     p.add_argument("--seed", type=int, default=0, help="jitter random seed")
     p.set_defaults(func=run)
@@ -61,6 +63,12 @@ def stream_config(args: argparse.Namespace) -> Config:
     rec = cfg.recognizer
     if args.model:
         rec = dataclasses.replace(rec, model=args.model)
+    if args.device:
+        rec = dataclasses.replace(rec, device=args.device)
+        try:
+            rec.validate()
+        except UserError as exc:
+            raise UserError(str(exc).replace("[recognizer] device", "--device")) from None
     return cfg.replace(tick=tick, source=source, recognizer=rec)
 
 

@@ -41,10 +41,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--threads", type=int, default=0, help="CPU threads (0: all cores)")
     p.add_argument(
         "--precision",
-        default="int8",
-        choices=("int8", "fp32"),
-        help="int8: quantised linears (default, fastest on CPU); fp32: reference-exact",
+        default="auto",
+        choices=("auto", "int8", "fp32", "fp16", "bf16"),
+        help="auto: int8 on the CPU (quantised linears, fastest), fp16 on CUDA; fp32: "
+        "reference-exact; fp16/bf16: CUDA only",
     )
+    p.add_argument("--device", default="auto",
+                   help="auto (a GPU if torch sees one, else the CPU), cpu, cuda or cuda:N")
     p.add_argument("--no-vad", action="store_true", help="decode every window, even without speech")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=run)
@@ -156,16 +159,28 @@ def _write_atomic(path: Path, text: str) -> None:
         raise
 
 
+def place_or_exit(device: str, precision: str):
+    """--device/--precision -> a placement; CUDA asked for and absent: one line, exit 2."""
+    from subd.gpu.device import place
+
+    try:
+        return place(device, precision)
+    except UserError as exc:
+        raise UserError(str(exc).replace("[recognizer] device", "--device")
+                        .replace("[recognizer] precision", "--precision")) from None
+
+
 def run(args: argparse.Namespace) -> int:
-    from subd.models.engine import WhisperEngine
+    from subd.gpu.device import load_engine
     from subd.recognise.offline import TranscribeOptions, Transcriber
-    from subd.sources.live import decode as audio
+    from subd.sources import decode as audio
 
     out = Path(args.output)
     if out.suffix.lower() not in OUTPUT_SUFFIXES:
         raise UserError(f"{out}: output must end in .srt, .vtt or .json")
     if out.exists() and out.is_dir():
         raise UserError(f"{out}: is a directory")
+    placement = place_or_exit(args.device, args.precision)  # before any audio is read
     if args.input == "-":
         spec = audio.PcmSpec.parse(args.pcm_format, args.rate, args.channels)
         blocks = audio.iter_pcm_blocks(
@@ -175,9 +190,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         blocks = audio.iter_audio_blocks(args.input)
         total_s = audio.total_duration_s(args.input)
-    engine = WhisperEngine.load(
-        args.model, threads=args.threads or None, quantize=args.precision == "int8"
-    )
+    engine = load_engine(args.model, placement, threads=args.threads or None)
     transcriber = Transcriber(engine, TranscribeOptions(vad=not args.no_vad))
     show = not args.quiet and (total_s is None or total_s > PROGRESS_MIN_S)
     progress = Progress(total_s, enabled=show)

@@ -1,0 +1,114 @@
+"""Which device the recogniser runs on, and in which precision.
+
+``[recognizer] device`` and ``--device`` take "auto", "cpu", "cuda" or "cuda:N". "auto" is the
+first GPU when torch sees one, else the CPU. Asking for CUDA where torch sees none (no GPU, no
+driver, or a CPU-only torch build) is a one-line :class:`~subd.errors.ConfigError`: the CLI
+exits with code 2 and the daemon does not start, rather than falling back to the CPU silently
+(a daemon sized for a GPU would miss every deadline on the CPU).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from subd.errors import ConfigError
+
+DEVICE_PATTERN = re.compile(r"auto|cpu|cuda(:\d{1,2})?")
+PRECISIONS = ("auto", "int8", "fp32", "fp16", "bf16")
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    device: str  # "cpu" or "cuda:N"
+    precision: str  # int8 | fp32 on the CPU; fp16 | bf16 | fp32 on CUDA
+
+    @property
+    def cuda(self) -> bool:
+        return self.device.startswith("cuda")
+
+
+def _cuda_count() -> tuple[int, str]:
+    """(GPUs torch sees, why none when 0)."""
+    import torch
+
+    if torch.version.cuda is None:
+        return 0, f"this torch ({torch.__version__}) is built without CUDA"
+    try:
+        n = torch.cuda.device_count()
+    except Exception as exc:  # noqa: BLE001 - a broken driver is "no CUDA", said in one line
+        return 0, f"the CUDA driver does not answer ({type(exc).__name__})"
+    return n, "" if n else "no GPU is visible (driver, CUDA_VISIBLE_DEVICES?)"
+
+
+def resolve_device(spec: str, where: str = "[recognizer] device") -> str:
+    """``spec`` -> "cpu" or "cuda:N"; CUDA asked for and absent raises ConfigError."""
+    if not DEVICE_PATTERN.fullmatch(spec or ""):
+        raise ConfigError(f"{where}: {spec!r} is not one of auto, cpu, cuda, cuda:N")
+    if spec == "cpu":
+        return "cpu"
+    n, why = _cuda_count()
+    if spec == "auto":
+        return "cuda:0" if n else "cpu"
+    index = int(spec.partition(":")[2] or 0)
+    if n == 0:
+        raise ConfigError(f"{where} = {spec!r}: CUDA is not available: {why}")
+    if index >= n:
+        raise ConfigError(f"{where} = {spec!r}: only {n} GPU(s) visible (cuda:0..cuda:{n - 1})")
+    return f"cuda:{index}"
+
+
+def resolve_precision(precision: str, device: str, where: str = "[recognizer] precision") -> str:
+    if precision not in PRECISIONS:
+        raise ConfigError(f"{where}: {precision!r} is not one of {', '.join(PRECISIONS)}")
+    cuda = device.startswith("cuda")
+    if precision == "auto":
+        return "fp16" if cuda else "int8"
+    if precision == "int8" and cuda:
+        raise ConfigError(f"{where}: int8 runs on the CPU only (fp16 or bf16 on CUDA)")
+    if precision in ("fp16", "bf16") and not cuda:
+        raise ConfigError(f"{where}: {precision} needs CUDA (int8 or fp32 on the CPU)")
+    return precision
+
+
+def place(device: str, precision: str) -> Placement:
+    dev = resolve_device(device)
+    return Placement(dev, resolve_precision(precision, dev))
+
+
+def torch_dtype(precision: str):
+    import torch
+
+    return {"fp16": torch.float16, "bf16": torch.bfloat16}.get(precision, torch.float32)
+
+
+def on_device(loaded, placement: Placement):
+    """A copy of ``loaded`` whose model sits on ``placement`` (LayerNorms stay float32, as the
+    batched engine keeps them); int8 is CPU dynamic quantisation."""
+    import copy
+    import dataclasses
+
+    import torch
+
+    if placement.precision == "int8":
+        from subd.models.engine import quantize_linears
+
+        return dataclasses.replace(loaded, model=quantize_linears(loaded.model))
+    if not placement.cuda and placement.precision == "fp32":
+        return loaded
+    model = copy.deepcopy(loaded.model).to(placement.device, torch_dtype(placement.precision))
+    for m in model.modules():
+        if isinstance(m, torch.nn.LayerNorm):
+            m.float()
+    return dataclasses.replace(loaded, model=model.eval())
+
+
+def load_engine(model: str, placement: Placement, *, threads: int | None = None,
+                language: str = "en"):
+    """The single-stream engine on ``placement`` (``subd transcribe --device``)."""
+    from subd.models.engine import WhisperEngine, _default_threads
+    from subd.models.loading import load_model
+
+    loaded = on_device(load_model(model), placement)
+    return WhisperEngine(loaded, threads=threads or _default_threads(), language=language)
+
