@@ -2,11 +2,14 @@
 # System packages subd needs (Debian/Ubuntu, as root): libsndfile and ffmpeg for audio input,
 # PortAudio to build PyAudio (microphone), and for the tests: real speech (pocketsphinx-testdata),
 # speech synthesis (espeak-ng), sox, Chromium (overlay test), systemd-analyze (unit checks),
-# and public-domain text for the punctuation model's training recipe.
+# public-domain text for the punctuation model's training recipe, and redis-server (the caption
+# bus: tests and benchmarks start their own instance; no system service is needed).
 set -euo pipefail
 export DEBIAN_FRONTEND=noninteractive
 apt-get update -qq
 apt-get install -y -qq --no-install-recommends \
   libsndfile1 ffmpeg portaudio19-dev gcc \
   pocketsphinx-testdata espeak-ng sox chromium systemd \
-  r-cran-janeaustenr r-cran-stringr r-cran-tokenizers fortunes >/dev/null
+  r-cran-janeaustenr r-cran-stringr r-cran-tokenizers fortunes redis-server >/dev/null
+# the distribution may start Redis as a service on install: subd needs none on this machine
+systemctl disable --now redis-server >/dev/null 2>&1 || true

@@ -146,6 +146,30 @@ class EventsConfig:
     path: str = ""  # JSON-lines events log; "" = none
 
 
+_BUS_URL = re.compile(r"^(redis|rediss)://[^\s]*$|^unix:///[^\s]+$")
+_BUS_PREFIX = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+
+
+@register_section("bus")
+@dataclass(frozen=True, slots=True)
+class BusConfig:
+    """[bus]: tick events to Redis Streams for edge servers (subd.bus, subd edge)."""
+
+    url: str = ""  # "" = no bus; redis://HOST:PORT/DB, rediss://..., unix:///path/redis.sock
+    prefix: str = "subd"  # keys: PREFIX:{CHANNEL}:events (the stream), PREFIX:{CHANNEL}:lease
+    lead_ms: int = field(default=20, metadata=rng(2, 40))  # written at T(k) - lead_ms
+    stream_maxlen: int = field(default=9000, metadata=rng(100, 10_000_000))  # ~ entries kept
+    lease_ttl_ms: int = field(default=3000, metadata=rng(300, 600_000))
+    backlog_ticks: int = field(default=9000, metadata=rng(1, 10_000_000))  # Redis away
+
+    def validate(self) -> None:
+        if self.url and not _BUS_URL.match(self.url):
+            raise ConfigError(f"[bus] url: {self.url!r} is not a redis://, rediss:// or "
+                              "unix:/// URL")
+        if not _BUS_PREFIX.match(self.prefix):
+            raise ConfigError(f"[bus] prefix: {self.prefix!r}: 1-64 of A-Z, a-z, 0-9, _ . -")
+
+
 def _type_name(tp: Any) -> str:
     return getattr(tp, "__name__", str(tp))
 

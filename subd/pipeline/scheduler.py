@@ -86,6 +86,9 @@ class TickSettings:
     miss_tolerance_ms: float = 0.0  # 0: half a tick period
     drain_timeout_s: float = 30.0
     max_latency_ms: int = 0  # the slot ring is sized for this D (reloads up to it); 0: latency
+    # the state is built and handed to sinks' prepare() this long before T(k) (at least
+    # PREPARE_NS): a bus needs time to carry it to the edges before it is due
+    prepare_ns: int = PREPARE_NS
 
 
 class Pipeline:
@@ -104,6 +107,7 @@ class Pipeline:
         self.observer = observer
         self.layout = layout  # optional: .apply(state) -> state with cues (subd.layout.cues)
         self.counters = Counters()
+        self._prepare_ns = max(PREPARE_NS, settings.prepare_ns)
         self.grid: TickGrid | None = None
         self._grid_prev: TickGrid | None = None
         self._switch_k = -1  # ticks before it are due on _grid_prev
@@ -328,7 +332,7 @@ class Pipeline:
             await self._tag_event.wait()
             while self._tag_pending is not None:
                 (k, flush), self._tag_pending = self._tag_pending, None
-                if self.clock.now_ns() >= self._due(k) - PREPARE_NS:
+                if self.clock.now_ns() >= self._due(k) - self._prepare_ns:
                     self.counters.superseded_requests += 1
                     continue  # too late to matter; a newer tick will carry its words
                 request = self.words.tag_request(k, self._rec_audio_end_ns, flush)
@@ -362,7 +366,7 @@ class Pipeline:
         if slot is not None and slot.result is DEGRADED:
             return  # already switched to the cheap path; its words reach the next ticks
         if slot is None or slot.flags & SlotFlag.PUBLISHED or \
-                self.clock.now_ns() > self._due(result.k) - PREPARE_NS:
+                self.clock.now_ns() > self._due(result.k) - self._prepare_ns:
             self.counters.late_results += 1  # its words join the next tick that is ready
             return
         slot.result = READY
@@ -374,7 +378,7 @@ class Pipeline:
         k = 0
         while True:
             due = self._due(k)
-            await self.clock.sleep_until(due - PREPARE_NS, precise=False)
+            await self.clock.sleep_until(due - self._prepare_ns, precise=False)
             state = self._prepare(k, due)
             self._prepare_sinks(state)
             sent = await self.clock.sleep_until(due)

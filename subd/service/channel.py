@@ -79,6 +79,7 @@ class DaemonChannel:
         self._started_ns = time.monotonic_ns()
         self._stage_seen: dict[str, int] = {}
         self._sse_dropped = 0
+        self.bus: Any = None  # subd.bus.channel.ChannelBus while this daemon holds the lease
 
     # -- what the daemon and the HTTP routes read --------------------------------------------
 
@@ -128,11 +129,23 @@ class DaemonChannel:
     async def run(self) -> None:
         while not self.stopping:
             try:
-                await self._run_once()
+                await self._run_on_bus()
             finally:
                 self.ready.set()
             if self._given_source is not None or self.spec.source.kind != "http":
                 return  # an HTTP push stream that ended: wait for the next one
+
+    async def _run_on_bus(self) -> None:
+        """Without [bus]: the channel runs here. With it: only while this daemon holds the
+        channel's lease (a standby waits for it; subd.bus.channel.run_held)."""
+        from subd.bus.channel import ChannelBus, run_held
+
+        bus = None if self._given_source is not None else ChannelBus.configured(
+            self.ctx.config, self.name, self.spec.tick.lookahead_ms)
+        if bus is None:
+            await self._run_once()
+        else:
+            await run_held(bus, self, self._run_once)
 
     def _build_source(self) -> GuardedSource:
         from subd.sources.live import FileSource
@@ -198,7 +211,8 @@ class DaemonChannel:
                 min_update_ms=cfg.recognizer.min_update_ms,
                 miss_tolerance_ms=tick.miss_tolerance_ms,
                 drain_timeout_s=cfg.pipeline.drain_timeout_s,
-                max_latency_ms=tick.max_latency_ms)
+                max_latency_ms=tick.max_latency_ms,
+                **({"prepare_ns": self.bus.prepare_ns} if self.bus is not None else {}))
             observer = OpsObserver(self.metrics, d.health, d.notifier,
                                    audio_to_mono_ns=self._audio_to_mono_ns,
                                    inner=self.inner_observer)
@@ -238,6 +252,11 @@ class DaemonChannel:
             self._sink_opts = {n: sink_options(cfg, n, self.spec)
                                for n in self.spec.sinks.enabled}
             self.sinks = {n: build_sink(n, o) for n, o in self._sink_opts.items()}
+        if self.bus is not None:  # not a configured sink: kept across reloads (commit)
+            from subd.bus.channel import SINK_NAME
+
+            sse_opts = sink_options(self.ctx.config, "sse", self.spec)
+            self.sinks[SINK_NAME] = self.bus.publisher(sse_opts)
         for sink in self.sinks.values():
             await sink.start()
 
@@ -339,9 +358,11 @@ class DaemonChannel:
         if sse is not None and hasattr(sse.config, "latency_ms"):
             sse.config = dataclasses.replace(sse.config, latency_ms=spec.tick.latency_ms)
         old = {n: s for n, s in self.sinks.items()
-               if n not in spec.sinks.enabled or n in plan.sinks}
+               if (n not in spec.sinks.enabled or n in plan.sinks) and n != "bus"}
         sinks = {n: self.sinks[n] if n not in plan.sinks else plan.sinks[n][0]
                  for n in spec.sinks.enabled}
+        if "bus" in self.sinks:  # the bus publisher (subd.bus.channel.SINK_NAME) stays
+            sinks["bus"] = self.sinks["bus"]
         self.sinks, p.sinks[:] = sinks, list(sinks.values())  # one step: no tick is missed
         for name, (_, opts) in plan.sinks.items():
             self._sink_opts[name] = opts

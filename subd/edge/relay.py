@@ -1,0 +1,146 @@
+"""One channel on an edge: read its stream, release each tick at its due time.
+
+:class:`RelaySink` is the SSE sink (same clients, fan-out workers, replay, resync and slow
+client policy) fed with payloads that the daemon already laid out and numbered: it only puts
+this host's ``due_ns`` in and encodes. :class:`ChannelFollower` reads the stream with
+``XREAD BLOCK`` and hands each tick to the sink like the daemon's publisher does: ``prepare`` at
+due − 2 ms (the fan-out workers get it with its release time), a spin to the due time on this
+host's monotonic clock, ``publish``. Entries arrive ``[bus] lead_ms`` ahead, so the bus's own
+latency is hidden; one that arrives after its due time (Redis was away) goes out at once, late,
+so that its committed words still reach the viewers.
+
+On start the follower reads the last ``history_ticks`` entries first, so a viewer reconnecting
+with ``Last-Event-ID`` to a freshly started edge gets its replay, not a resync.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from redis.exceptions import RedisError
+
+from subd.bus.stream import ChannelKeys, decode_entry
+from subd.clock import SPIN_NS, MonotonicClock
+from subd.pipeline.gcpace import PACER
+from subd.sinks.sse.sink import SSESink
+from subd.sinks.sse.wire import NS_PER_MS, SSEConfig, monotonic_of
+from subd.types import CaptionState
+
+log = logging.getLogger("subd.edge")
+READ_BLOCK_MS = 1000
+READ_COUNT = 256
+DOWN_RETRY_S = 0.2
+
+
+class RelaySink(SSESink):
+    """The SSE sink, fed with the daemon's payloads (see the module docstring)."""
+
+    def __init__(self, config: SSEConfig) -> None:
+        super().__init__(config)
+        self._payloads: dict[int, dict[str, Any]] = {}
+
+    def state_of(self, payload: dict[str, Any]) -> CaptionState:
+        """Tick k on this host's clock; its payload is kept for ``_encode``."""
+        due_ns = monotonic_of(payload["due_unix_ns"])
+        payload["due_ns"] = due_ns  # the host that writes the event: this one
+        latency_ns = payload.pop("latency_ns", None)
+        if isinstance(latency_ns, int) and latency_ns // NS_PER_MS != self.config.latency_ms:
+            from dataclasses import replace
+
+            self.config = replace(self.config, latency_ms=latency_ns // NS_PER_MS)
+        self._payloads[payload["k"]] = payload
+        return CaptionState(payload["k"], due_ns, payload["audio_end_ns"],
+                            tentative=str(payload.get("tentative", "")),
+                            fallback=bool(payload.get("fallback")),
+                            degraded=bool(payload.get("degraded")))
+
+    def _encode(self, state: CaptionState) -> Any:
+        payload = self._payloads.pop(state.k)
+        self._n_words = payload["w0"]  # the daemon's word index: an edge starts mid-stream
+        return self._encoded(state, payload)
+
+    @property
+    def last_k(self) -> int:
+        return self._last.k if self._last is not None else -1
+
+
+class ChannelFollower:
+    def __init__(self, redis: Any, keys: ChannelKeys, name: str, sink: RelaySink) -> None:
+        self.redis = redis
+        self.keys = keys
+        self.name = name
+        self.sink = sink
+        self.primed = asyncio.Event()  # the stream's recent history is in the sink
+        self.up = True
+        self.n_late = 0  # ticks that arrived after their due time
+        self.n_released = 0
+        self.last_unix_ns = 0  # due_unix_ns of the latest tick released
+        self.keep_release_times = False  # tests, bench: (k, release - due) of every tick
+        self.release_errors: list[tuple[int, int]] = []
+        self._queue: asyncio.Queue[CaptionState] = asyncio.Queue()
+        self._clock = MonotonicClock()
+
+    async def follow(self) -> None:
+        """Read the stream for ever (reconnecting when Redis is away)."""
+        last_id: bytes | str = "0-0"
+        while True:
+            try:
+                if not self.primed.is_set():
+                    recent = await self.redis.xrevrange(self.keys.stream,
+                                                        count=self.sink.config.history_ticks)
+                    if recent:
+                        last_id = recent[0][0]
+                    self._take(reversed(recent))
+                    self.primed.set()
+                got = await self.redis.xread({self.keys.stream: last_id}, count=READ_COUNT,
+                                             block=READ_BLOCK_MS)
+                self._set_up(True)
+            except (RedisError, OSError) as exc:
+                self._set_up(False, exc)
+                await asyncio.sleep(DOWN_RETRY_S)
+                continue
+            for _, entries in got:
+                if entries:
+                    last_id = entries[-1][0]
+                    self._take(entries)
+
+    def _take(self, entries: Any) -> None:
+        for _, fields in entries:
+            payload = decode_entry(fields)
+            if payload is None:
+                log.warning("channel %s: an entry that is not a tick event skipped", self.name)
+                continue
+            if payload["due_unix_ns"] <= self.last_unix_ns:
+                continue  # already released (read again after a reconnect)
+            self.last_unix_ns = payload["due_unix_ns"]
+            self._queue.put_nowait(self.sink.state_of(payload))
+
+    async def release(self) -> None:
+        """Each tick to the sink at its due time: prepare at due − 2 ms, spin, publish."""
+        PACER.acquire()  # collections right after publishing, never just before
+        try:
+            while True:
+                state = await self._queue.get()
+                await self._clock.sleep_until(state.due_ns - SPIN_NS, precise=False)
+                self.sink.prepare(state)
+                sent_ns = await self._clock.sleep_until(state.due_ns)
+                self.sink.publish(state)
+                self.n_released += 1
+                if sent_ns - state.due_ns > SPIN_NS:
+                    self.n_late += 1
+                if self.keep_release_times:
+                    self.release_errors.append((state.k, sent_ns - state.due_ns))
+                PACER.after_publish()
+        finally:
+            PACER.release()
+
+    def _set_up(self, up: bool, exc: BaseException | None = None) -> None:
+        if up == self.up:
+            return
+        self.up = up
+        if up:
+            log.info("channel %s: bus reachable again", self.name)
+        else:
+            log.warning("channel %s: bus unreachable (%s); retrying", self.name, exc)
