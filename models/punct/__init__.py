@@ -6,6 +6,8 @@
     tag_words(tagger, words, use_marks=True)         # ... weighing the recogniser's own marks
 
 See MODEL_CARD.md for the data, licences and held-out figures.
+
+May import: ``subd.models`` and the top-level modules of ``subd`` only.
 """
 
 from __future__ import annotations

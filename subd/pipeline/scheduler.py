@@ -22,7 +22,7 @@ from fractions import Fraction
 from typing import Any, Protocol
 
 from subd.clock import Clock
-from subd.history import AudioHistory
+from subd.history import AudioHistory, writer_lead_samples
 from subd.pipeline.gcpace import PACER
 from subd.pipeline.ingest import Ingest
 from subd.pipeline.ring import (
@@ -230,13 +230,14 @@ class Pipeline:
     # ---- ingest + features ------------------------------------------------------------------
 
     async def _ingest_loop(self) -> None:
-        margin = self.history.capacity // 8
+        # the recogniser reads its window in place, up to 30 s back from what it was sent
+        lead = writer_lead_samples(self.history.capacity)
         async for chunk in self.source.chunks():
             end = chunk.start_sample + chunk.n_samples
             if self.drift is not None:
                 self.drift.observe(end, self.clock.now_ns())
             if self.source.pullable:  # hold the source back rather than lap the recogniser
-                while end - self._rec_accepted > self.history.capacity - margin:
+                while end - self._rec_accepted > lead:
                     self._consumed_event.clear()
                     await self._consumed_event.wait()
             self.ingest.write(chunk)

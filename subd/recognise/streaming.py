@@ -31,7 +31,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from subd.history import AudioHistory
+from subd.history import AudioHistory, HistoryReader
 from subd.models.engine import (
     DEFAULT_OPTIONS,
     DEFAULT_POLICY,
@@ -151,7 +151,7 @@ class StreamingRecognizer:
         self.engine = engine or WhisperEngine.load(
             c.model, threads=c.threads or live_threads(), quantize=c.precision == "int8"
         )
-        self.audio = AudioHistory(WINDOW_SAMPLES + 2 * SAMPLE_RATE_HZ)
+        self._audio: AudioHistory | HistoryReader | None = None  # see the audio property
         self.vad = VoiceActivityDetector() if c.vad else None
         self.span = EncoderSpan(c.encoder_pad_ms, c.encoder_bucket_ms)
         self.state = _State()
@@ -160,6 +160,19 @@ class StreamingRecognizer:
         self.n_forced_cuts = 0
 
     # -- input -----------------------------------------------------------------------------
+
+    def read_from(self, reader: HistoryReader) -> None:
+        """Read the window in place from the channel's shared audio history (the daemon's
+        recogniser process): whoever owns ``reader`` advances its end; ``accept`` is unused."""
+        self._audio = reader
+
+    @property
+    def audio(self) -> AudioHistory | HistoryReader:
+        """Where the window is read from: the shared history (:meth:`read_from`), else a
+        private ring that ``accept`` fills (offline transcription, benchmarks)."""
+        if self._audio is None:
+            self._audio = AudioHistory(WINDOW_SAMPLES + 2 * SAMPLE_RATE_HZ)
+        return self._audio
 
     def accept(self, chunk: AudioChunk) -> None:
         self.audio.write(chunk.start_sample, np.asarray(chunk.samples, dtype=np.float32))

@@ -7,6 +7,9 @@ publisher calls it at T(k) − 2 ms with the state it will publish at T(k), so t
 out and encode ahead and ``publish`` only writes (the SSE sink does). Sinks are looked up by
 name in the entry-point group ``subd.sinks``; the built-in sinks register the same way (see
 pyproject.toml).
+
+May import: ``subd.layout`` and the top-level modules; never ``subd.server``, ``subd.pipeline``
+or ``subd.service`` (they call the sinks, not the other way round).
 """
 
 from __future__ import annotations

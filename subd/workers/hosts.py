@@ -1,8 +1,9 @@
 """Stage payloads and the stage hosts that run inside workers (a process, or inline for tests).
 
-* :class:`RecogniserHost` owns the streaming recogniser. It reads new audio straight from the
-  shared-memory :class:`~subd.pipeline.ring.AudioHistory` (the pipe carries only sample indices), feeds it
-  with ``accept`` and returns the ``update`` hypothesis.
+* :class:`RecogniserHost` owns the streaming recogniser, which reads its window in place from
+  the shared-memory :class:`~subd.history.AudioHistory` (the pipe carries only sample indices;
+  the host moves the recogniser's :class:`~subd.history.HistoryReader` on) and returns the
+  ``update`` hypothesis.
 * :class:`TagHost` runs the streaming tagger over new words at a tick's look-ahead fetch.
 
 Both are built from :class:`FactorySpec` (an importable "module:callable" plus keyword
@@ -21,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from subd.errors import ConfigError
-from subd.history import AudioHistory
+from subd.history import AudioHistory, HistoryReader
 from subd.torch_threads import torch_threads
 from subd.types import AudioChunk, Hypothesis, TaggedWord, Word
 
@@ -78,6 +79,13 @@ class RecogniserHost:
             history_capacity, name=history_name)
         self.recognizer = recognizer.build()
         self.accepted_sample = 0
+        # the recogniser reads its window in place from the shared history through this view
+        # (no copy of the audio of its own); one without read_from is fed copies by accept()
+        self.reader = HistoryReader(self.history)
+        read_from = getattr(self.recognizer, "read_from", None)
+        self.in_place = read_from is not None
+        if read_from is not None:
+            read_from(self.reader)
 
     def _accept_until(self, end_sample: int) -> int:
         lost = 0
@@ -88,8 +96,11 @@ class RecogniserHost:
         if start < oldest:  # the writer lapped us: skip what is gone, say how much
             lost = oldest - start
             start = oldest
-        chunk = AudioChunk(start_sample=start, samples=self.history.read(start, end_sample))
-        self.recognizer.accept(chunk)
+        if self.in_place:
+            self.reader.advance(end_sample)
+        else:
+            chunk = AudioChunk(start_sample=start, samples=self.history.read(start, end_sample))
+            self.recognizer.accept(chunk)
         self.accepted_sample = end_sample
         return lost
 
