@@ -14,6 +14,7 @@ import torch
 
 from subd.models.tokenizer import WhisperTokenizer
 from subd.models.whisper import KVCache, TextDecoder
+from subd.models.words import Splitter
 
 FRAMES_PER_TOKEN_S = 0.02  # one encoder output frame = 20 ms
 MEDIAN_FILTER_WIDTH = 7
@@ -83,11 +84,13 @@ def align_words(
     alignment_heads: tuple[tuple[int, int], ...],
     n_known_tokens: int = 0,
     cross_from: KVCache | None = None,
+    split: Splitter | None = None,
 ) -> list[WordTiming]:
     """Word timings for ``text_tokens``. The words made of the first ``n_known_tokens`` tokens
     (a forced prefix, timed by an earlier window) still anchor the alignment but are not
     returned, and their tokens are not projected onto the vocabulary (the costly part).
-    ``cross_from``: a cache for the same audio whose cross-attention keys/values are reused."""
+    ``cross_from``: a cache for the same audio whose cross-attention keys/values are reused.
+    ``split``: how tokens group into words (``models.words.word_splitter``; default: at spaces)."""
     if not text_tokens:
         return []
     sp = tokenizer.special
@@ -116,7 +119,7 @@ def align_words(
     matrix = weights.mean(dim=0)[len(sot_sequence) : -1]  # rows: no_timestamps + text tokens
     text_idx, time_idx = dtw_path(-matrix.double().numpy())
 
-    words, word_tokens = tokenizer.split_to_words(text_tokens + [sp.eot])
+    words, word_tokens = (split or tokenizer.split_to_words)(text_tokens + [sp.eot])
     if len(word_tokens) <= 1:
         return []
     boundaries = np.pad(np.cumsum([len(t) for t in word_tokens[:-1]]), (1, 0))
@@ -153,7 +156,7 @@ def _tidy_durations(words: list[WordTiming]) -> list[WordTiming]:
     for w in words:
         start, end = w.start_s, w.end_s
         if end - start > max_dur:
-            if w.text.strip()[-1:] in ".!?,":
+            if w.text.strip()[-1:] in ".!?,。！？，":
                 end = start + max_dur
             else:
                 start = max(start, end - max_dur)

@@ -203,3 +203,24 @@ def decode_window(
         looped=looped,
         capped=capped,
     )
+
+
+@torch.inference_mode()
+def detect_language(
+    decoder: TextDecoder,
+    audio_features: torch.Tensor,  # [1, T, D]
+    tokenizer: WhisperTokenizer,
+    cross_from: KVCache | None = None,
+) -> dict[str, float]:
+    """Probability of each language for the audio, as Whisper decides it: the distribution of
+    the token after <|startoftranscript|>, over the language tokens only."""
+    languages = tokenizer.language_tokens()
+    if not languages:
+        return {"en": 1.0}  # an English-only model
+    cache = decoder.new_cache(audio_features, cross_from=cross_from)
+    sot = torch.tensor([[tokenizer.special.sot]], device=audio_features.device)
+    logits, _ = decoder(sot, cache)
+    codes = list(languages)
+    ids = torch.tensor([languages[c] for c in codes])
+    probs = torch.softmax(logits[0, -1].float().cpu()[ids], dim=-1)
+    return dict(zip(codes, probs.tolist(), strict=True))

@@ -16,9 +16,10 @@ import torch
 
 from subd.kernels.mel import WINDOW_FRAMES, log_mel, pad_or_trim_frames
 from subd.models.alignment import WordTiming, align_words
-from subd.models.decoding import DecodeOptions, DecodeResult, decode_window
+from subd.models.decoding import DecodeOptions, DecodeResult, decode_window, detect_language
 from subd.models.loading import LoadedModel, load_model
 from subd.models.whisper import KVCache
+from subd.models.words import word_splitter
 from subd.torch_threads import torch_threads
 
 SAMPLE_RATE_HZ = 16_000
@@ -85,7 +86,8 @@ class WhisperEngine:
         self.loaded = loaded
         self.model = loaded.model
         self.tokenizer = loaded.tokenizer
-        self.sot_sequence = self.tokenizer.sot_sequence(language)
+        self.language = language if self.tokenizer.multilingual else "en"
+        self.sot_sequence = self.tokenizer.sot_sequence(self.language)
         self.n_mels = self.model.dims.n_mels
 
     @classmethod
@@ -119,11 +121,30 @@ class WhisperEngine:
         """The decoder's cross-attention keys/values for ``audio_features`` [1, T, D]."""
         return self.model.decoder.new_cache(audio_features)
 
-    def build_prompt(self, previous_tokens: list[int] | None) -> tuple[list[int], int]:
+    def sot_for(self, language: str | None) -> list[int]:
+        """The start of a transcript in ``language`` (None: the engine's own language). One
+        engine serves channels of several languages; an English-only model knows only "en"."""
+        if language is None or language == self.language or not self.tokenizer.multilingual:
+            return self.sot_sequence
+        return self.tokenizer.sot_sequence(language)
+
+    def build_prompt(
+        self, previous_tokens: list[int] | None, language: str | None = None
+    ) -> tuple[list[int], int]:
         prompt: list[int] = []
         if previous_tokens:
             prompt = [self.tokenizer.special.sot_prev, *previous_tokens[-MAX_PROMPT_TOKENS:]]
-        return prompt + self.sot_sequence, len(prompt)
+        return prompt + self.sot_for(language), len(prompt)
+
+    def detect_language(self, audio: np.ndarray, span: EncoderSpan | None = None
+                        ) -> dict[str, float]:
+        """Language probabilities for ≤ 30 s of audio (Whisper's own language identification)."""
+        audio = audio[:WINDOW_SAMPLES]
+        mel = self.features(audio)
+        n_frames = min(mel.shape[-1] - 1, WINDOW_FRAMES)
+        feats = self.encode(mel, (span or FULL_SPAN).frames(n_frames))
+        with torch_threads(self.decoder_threads):
+            return detect_language(self.model.decoder, feats, self.tokenizer)
 
     def decode(
         self,
@@ -132,8 +153,9 @@ class WhisperEngine:
         options: DecodeOptions,
         prefix: tuple[int, ...] = (),
         cross_from: KVCache | None = None,
+        language: str | None = None,
     ) -> DecodeResult:
-        prompt, sot_index = self.build_prompt(previous_tokens)
+        prompt, sot_index = self.build_prompt(previous_tokens, language)
         opts = replace(
             options, suppress_tokens=options.suppress_tokens or self.loaded.suppress_tokens
         )
@@ -151,6 +173,7 @@ class WhisperEngine:
         options: DecodeOptions = DEFAULT_OPTIONS,
         prefix: tuple[int, ...] = (),
         cross_from: KVCache | None = None,
+        language: str | None = None,
     ) -> DecodeResult:
         """Greedy first; on a loop, too-compressible text or low log-prob, retry warmer (capped)."""
         result = None
@@ -162,7 +185,7 @@ class WhisperEngine:
                 )
             result = self.decode(
                 audio_features, previous_tokens if temperature <= 0.5 else None, opts, prefix,
-                cross_from,
+                cross_from, language,
             )
             if (
                 result.no_speech_prob > policy.no_speech_threshold
@@ -192,19 +215,22 @@ class WhisperEngine:
         n_audio_frames: int,
         n_known_tokens: int = 0,
         cross_from: KVCache | None = None,
+        language: str | None = None,
     ) -> list[WordTiming]:
-        """Word timings; words of the first ``n_known_tokens`` tokens are left out."""
+        """Word timings; words of the first ``n_known_tokens`` tokens are left out. Words of
+        scripts without spaces are characters (``models.words``)."""
         with torch_threads(self.decoder_threads):
             return align_words(
                 self.model.decoder,
                 audio_features,
                 self.tokenizer,
-                self.sot_sequence,
+                self.sot_for(language),
                 text_tokens,
                 n_audio_frames,
                 self.loaded.alignment_heads,
                 n_known_tokens,
                 cross_from,
+                word_splitter(self.tokenizer, language or self.language),
             )
 
     def transcribe_window(
@@ -216,6 +242,7 @@ class WhisperEngine:
         prefix: tuple[int, ...] = (),
         retry_without_prefix: Callable[[], bool] | None = None,
         span: EncoderSpan = FULL_SPAN,
+        language: str | None = None,
     ) -> WindowResult:
         """Transcribe ≤ 30 s of audio; word times are relative to the window's first sample.
 
@@ -225,7 +252,8 @@ class WhisperEngine:
         ``retry_without_prefix`` (asked only when the decode added nothing to the prefix, and
         saying whether there is speech to transcribe), the decode is redone without the prefix
         (same encoder output), and ``words`` then holds every word (``prefix_used`` False).
-        ``span`` says how much of the 30 s input is encoded (see ``EncoderSpan``)."""
+        ``span`` says how much of the 30 s input is encoded (see ``EncoderSpan``).
+        ``language``: the transcript's language (None: the engine's own)."""
         audio = audio[:WINDOW_SAMPLES]
         mel = self.features(audio)
         n_frames = min(mel.shape[-1] - 1, WINDOW_FRAMES)
@@ -233,17 +261,18 @@ class WhisperEngine:
         cross = self.cross_cache(feats)  # shared by every decode and the alignment below
         ts = self.tokenizer.special.timestamp_begin
         n_prefix = sum(1 for t in prefix if t < ts)
-        result = self.decode_with_fallback(feats, previous_tokens, policy, options, prefix, cross)
+        result = self.decode_with_fallback(feats, previous_tokens, policy, options, prefix, cross,
+                                           language)
         if prefix and retry_without_prefix is not None and \
                 len(result.text_tokens(ts)) <= n_prefix and retry_without_prefix():
             result = self.decode_with_fallback(
-                feats, previous_tokens, policy, options, cross_from=cross
+                feats, previous_tokens, policy, options, cross_from=cross, language=language
             )
             prefix, n_prefix = (), 0
         if self.is_silent(result, policy):
             return WindowResult(result, (), False, bool(prefix))
         text = result.text_tokens(ts)
-        words = self.align(feats, text, n_frames, n_prefix, cross)
+        words = self.align(feats, text, n_frames, n_prefix, cross, language)
         return WindowResult(result, tuple(words), True, bool(prefix))
 
 

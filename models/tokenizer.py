@@ -53,6 +53,10 @@ class WhisperTokenizer:
                     if code.isalpha() and code.islower():
                         self._languages[code] = idx
 
+    def language_tokens(self) -> dict[str, int]:
+        """Language code -> its token (``<|zh|>``); empty for an English-only model."""
+        return dict(self._languages)
+
     def sot_sequence(self, language: str = "en", task: str = "transcribe") -> list[int]:
         if not self.multilingual:
             return [self.special.sot]

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from subd.kernels.mel import HOP_SAMPLES
+from subd.models.decoding import detect_language
 from subd.models.engine import WINDOW_SAMPLES, WhisperEngine
 from subd.models.tokenizer import TIME_PRECISION_S
 from subd.recognise.vad import VoiceActivityDetector
@@ -35,6 +36,8 @@ class TranscribeOptions:
     vad: bool = True
     condition_on_previous_text: bool = True
     word_timestamps: bool = True
+    # None: the engine's language; "auto": identified on the first window with speech and kept
+    language: str | None = None
 
 
 def _split_segments(
@@ -69,6 +72,8 @@ class Transcriber:
         self.engine = engine
         self.options = options
         self.vad = VoiceActivityDetector() if options.vad else None
+        self.language = options.language if options.language != "auto" else None
+        self._identify = options.language == "auto" and engine.tokenizer.multilingual
 
     def transcribe_blocks(
         self,
@@ -112,15 +117,20 @@ class Transcriber:
         mel = eng.features(window)
         n_frames = min(mel.shape[-1] - 1, n // HOP_SAMPLES)
         feats = eng.encode(mel)
+        if self._identify:
+            probs = detect_language(eng.model.decoder, feats, eng.tokenizer)
+            self.language, self._identify = max(probs, key=probs.__getitem__), False
         result = eng.decode_with_fallback(
-            feats, prompt if self.options.condition_on_previous_text else None
+            feats, prompt if self.options.condition_on_previous_text else None,
+            language=self.language,
         )
         if eng.is_silent(result) or not result.tokens:
             return n, [], prompt
         pieces, seek_frames = _split_segments(list(result.tokens), ts_begin)
         kept_tokens = [t for _, _, piece in pieces for t in piece]
         text_tokens = [t for t in kept_tokens if t < ts_begin]
-        timings = eng.align(feats, text_tokens, n_frames) if self.options.word_timestamps else []
+        timings = (eng.align(feats, text_tokens, n_frames, language=self.language)
+                   if self.options.word_timestamps else [])
         window_s = n / SAMPLE_RATE_HZ
         segments = []
         cursor = 0

@@ -42,6 +42,8 @@ from subd.models.engine import (
     WhisperEngine,
     live_threads,
 )
+from subd.models.words import prompt_text
+from subd.recognise.language import LanguageTracker
 from subd.recognise.vad import VoiceActivityDetector, regions_from_mask
 from subd.types import SAMPLE_RATE_HZ, AudioChunk, Hypothesis, Word, ns_to_samples, samples_to_ns
 from subd.validate import check_choice, check_range
@@ -107,6 +109,9 @@ class StreamingConfig:
     # errors than the full window. 0: the full 30 s, as offline transcription.
     encoder_pad_ms: int = 2000
     encoder_bucket_ms: int = 4000
+    # "auto" (identified on the channel's first speech, subd.recognise.language) or an ISO code;
+    # scripts without spaces get words by characters (models.words)
+    language: str = "en"
 
     def __post_init__(self) -> None:
         for key, lo, hi in (
@@ -154,6 +159,7 @@ class StreamingRecognizer:
         self._audio: AudioHistory | HistoryReader | None = None  # see the audio property
         self.vad = VoiceActivityDetector() if c.vad else None
         self.span = EncoderSpan(c.encoder_pad_ms, c.encoder_bucket_ms)
+        self.languages = LanguageTracker(c.language, self.engine)
         self.state = _State()
         self.n_decodes = 0
         self.n_capped = 0  # decodes stopped by the window's token budget
@@ -194,6 +200,8 @@ class StreamingRecognizer:
         window = self.audio.read(st.window_start, end)
         if self.vad is not None and not self._has_speech(window):
             return self._on_silence(end)
+        if self.languages.resolve(window, self.vad) is None:
+            return self._hypothesis([])  # "auto": more speech before the language is named
         words = self._decode(window)
         newly = self._commit(words, end)
         newly += self._trim(end)
@@ -211,6 +219,7 @@ class StreamingRecognizer:
                 # Whisper's full 30 s input: this decode commits without a second opinion,
                 # and a window cut 2 s after the audio invents words at the end of a stream
                 # ("... comments tonight. And")
+                self.languages.resolve(window, None)  # "auto" and too little speech: name it now
                 words = self._decode(window, FULL_SPAN)
                 newly = self._take(words)
         # the last hypothesis, where the final decode did not reach it (a word it left out);
@@ -233,14 +242,14 @@ class StreamingRecognizer:
         window_start_ns = samples_to_ns(st.window_start)
         before = [w for w in st.committed[-PROMPT_WORDS:] if w.end_ns <= window_start_ns]
         if before:
-            prompt = self.engine.tokenizer.encode(" " + " ".join(w.text for w in before))
+            prompt = self.engine.tokenizer.encode(prompt_text([w.text for w in before]))
         # words committed inside the window are forced as a prefix: decoded in one pass instead
         # of one step each, so an update decodes only the unconfirmed tail
         inside = [w for w in st.committed if w.start_ns >= window_start_ns]
         prefix: tuple[int, ...] = ()
         if inside and self.config.force_committed_prefix:
             tok = self.engine.tokenizer
-            text = tok.encode(" " + " ".join(w.text for w in inside))
+            text = tok.encode(prompt_text([w.text for w in inside]))
             prefix = (tok.special.timestamp_begin, *text)
         policy = GREEDY_POLICY if not self.config.temperature_fallback else DEFAULT_POLICY
         budget = TOKENS_BASE + TOKENS_PER_S * len(window) // SAMPLE_RATE_HZ - len(prefix)
@@ -248,7 +257,7 @@ class StreamingRecognizer:
         result = self.engine.transcribe_window(
             window, prompt, policy, options=options, prefix=prefix,
             retry_without_prefix=self._speech_after_commit_point,  # asked only if needed
-            span=span or self.span,
+            span=span or self.span, language=self.languages.language,
         )
         self.n_decodes += 1
         self.n_capped += result.decode.capped

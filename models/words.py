@@ -1,0 +1,82 @@
+"""Whisper's tokens grouped into words for scripts written without spaces (Chinese, Japanese...).
+
+Whisper spells Chinese with byte-level tokens: one character may take two or three tokens (none
+of which is valid UTF-8 alone), and one token may hold a common pair ("我们"). Splitting at
+spaces, as for English, makes a whole sentence one "word", which then can neither commit nor
+break a line before its end. Here the unit is the smallest piece whose time the alignment heads
+give: the tokens that decode to whole characters, one word per such piece. Marks join the word
+before them (a line never starts with "，"); a Latin word inside Chinese text ("Debian") is one
+word, as in English. Commit, agreement and deadline logic then work on these units unchanged.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from subd.script import CLOSING, is_cjk, join_words, spaceless
+
+Splitter = Callable[[list[int]], tuple[list[str], list[list[int]]]]
+
+
+def split_spaceless(tokenizer, tokens: list[int]) -> tuple[list[str], list[list[int]]]:
+    """Group ``tokens`` (text tokens, possibly ending in end-of-text) into words as the
+    alignment wants them: ``(texts, tokens per word)``; a special token is a word of its own."""
+    words: list[str] = []
+    word_tokens: list[list[int]] = []
+    current: list[int] = []
+    eot = tokenizer.special.eot
+    for token in tokens:
+        if token >= eot:
+            if current:
+                _append(words, word_tokens, tokenizer.decode(current), current, join=True)
+                current = []
+            words.append("")
+            word_tokens.append([token])
+            continue
+        current.append(token)
+        text = tokenizer.decode(current)
+        if "\ufffd" in text or not text.strip():  # part of a character (or a lone space
+            continue  # before one): wait for the rest of its bytes
+        _append(words, word_tokens, text, current, join=_joins_previous(words, text))
+        current = []
+    if current:
+        _append(words, word_tokens, tokenizer.decode(current), current, join=True)
+    return words, word_tokens
+
+
+def _joins_previous(words: list[str], text: str) -> bool:
+    """Does this piece continue the word before it?"""
+    if not words or not words[-1]:
+        return False
+    if text.startswith(" "):
+        return False
+    first, last = text[0], words[-1][-1]
+    if first in CLOSING:
+        return True  # a mark belongs to the word it closes
+    if is_cjk(first) or is_cjk(last):
+        return False  # every CJK piece is a word; a Latin piece after CJK starts one
+    return True  # the rest of a Latin word or number ("Deb" + "ian")
+
+
+def _append(words, word_tokens, text: str, tokens: list[int], join: bool) -> None:
+    if join and words and words[-1]:
+        words[-1] += text
+        word_tokens[-1].extend(tokens)
+    else:
+        words.append(text)
+        word_tokens.append(list(tokens))
+
+
+def word_splitter(tokenizer, language: str | None) -> Splitter:
+    """The grouping for ``language``: by characters for scripts without spaces, else Whisper's
+    usual split at spaces."""
+    if spaceless(language):
+        return lambda tokens: split_spaceless(tokenizer, tokens)
+    return tokenizer.split_to_words
+
+
+def prompt_text(texts: list[str] | tuple[str, ...]) -> str:
+    """Words as Whisper would have written them, to encode as a prompt or a forced prefix:
+    English " one two", Chinese "很难避免" (no spaces, no leading space), mixed "用 Debian 系统"."""
+    text = join_words(texts)
+    return text if not text or is_cjk(text[0]) else " " + text
