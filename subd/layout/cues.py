@@ -20,6 +20,7 @@ from fractions import Fraction
 from typing import Any
 
 from subd.errors import ConfigError
+from subd.layout.cjk import line_columns, max_cps, reading_chars
 from subd.layout.rules import (
     SENTENCE_END,
     Token,
@@ -30,6 +31,7 @@ from subd.layout.rules import (
     wrap,
 )
 from subd.pipeline import ticks
+from subd.script import fullwidth_marks, has_cjk, joiner
 from subd.types import CaptionState, Cue, TaggedWord
 from subd.validate import check_choice, check_range, from_mapping
 
@@ -59,12 +61,22 @@ class LayoutConfig:
     pause_break_ms: int = 1200  # a pause this long between two words starts a new cue
     flush_after_ms: int = 1500  # audio this long past the last word closes the open cue
     mode: str = "popon"  # live display: "popon" (whole cues) or "rollup" (words as committed)
+    # cues in Chinese / Japanese (by their characters; subd.layout.cjk): characters per line
+    # and reading speed after broadcasters' style guides for those languages
+    cjk_max_chars_per_line: int = 16
+    cjk_max_cps: float = 9.0
+    ja_max_chars_per_line: int = 13
+    ja_max_cps: float = 4.0
     section: str = "layout"
 
     def __post_init__(self) -> None:
         s = self.section
         check_range(s, "max_lines", self.max_lines, 1, 4)
         check_range(s, "max_chars_per_line", self.max_chars_per_line, 16, 80)
+        check_range(s, "cjk_max_chars_per_line", self.cjk_max_chars_per_line, 8, 40)
+        check_range(s, "ja_max_chars_per_line", self.ja_max_chars_per_line, 8, 40)
+        check_range(s, "cjk_max_cps", self.cjk_max_cps, 2.0, 30.0)
+        check_range(s, "ja_max_cps", self.ja_max_cps, 2.0, 30.0)
         check_range(s, "max_cps", self.max_cps, 5.0, 60.0)
         check_range(s, "min_duration_ms", self.min_duration_ms, 100, 5000)
         check_range(s, "max_duration_ms", self.max_duration_ms, self.min_duration_ms, 20000)
@@ -108,7 +120,8 @@ class DisplayLine:
 
     @property
     def text(self) -> str:
-        return " ".join(p for p in (self.committed, self.tentative) if p)
+        return joiner(self.committed, self.tentative).join((self.committed, self.tentative)) \
+            if self.committed and self.tentative else self.committed or self.tentative
 
 
 def token_of(word: TaggedWord) -> Token:
@@ -119,6 +132,8 @@ def token_of(word: TaggedWord) -> Token:
         text = text[:1].upper() + text[1:]
     if word.punct and not text.endswith(word.punct):
         text += word.punct
+    if has_cjk(text):
+        text = fullwidth_marks(text)  # "很好," -> "很好，"
     return Token(text, word.word.start_ns, word.word.end_ns, word.punct, word.break_after)
 
 
@@ -158,9 +173,9 @@ class CueLayout:
         word with nothing tentative (speech paused), or twice that long in any case.
         """
         out: list[Cue] = []
-        max_chars = self.config.max_chars_per_line
         for word in words:
-            pieces = split_long(token_of(word), max_chars)
+            tok = token_of(word)
+            pieces = split_long(tok, line_columns(self.config, [tok]))
             if len(pieces) > 1:
                 self._count(n_split_words=1)
             for tok in pieces:
@@ -184,7 +199,8 @@ class CueLayout:
         """The cue being built (committed words not yet in a closed cue), marked uncommitted."""
         if not self._open:
             return None
-        lines = wrap(self._open, self.config.max_chars_per_line, self.config.max_lines) or []
+        cols = line_columns(self.config, self._open)
+        lines = wrap(self._open, cols, self.config.max_lines) or []
         return Cue(
             index=self._next_index,
             start_ns=self._open[0].start_ns,
@@ -207,7 +223,7 @@ class CueLayout:
         c = self.config
         if tokens[-1].end_ns - tokens[0].start_ns > c.max_duration_ms * NS_PER_MS:
             return len(tokens) == 1
-        return wrap(tokens, c.max_chars_per_line, c.max_lines, strict=True) is not None
+        return wrap(tokens, line_columns(c, tokens), c.max_lines, strict=True) is not None
 
     def _add(self, tok: Token) -> list[Cue]:
         c = self.config
@@ -235,7 +251,7 @@ class CueLayout:
 
     def _best_split(self, cand: list[Token]) -> int:
         c = self.config
-        capacity = c.max_lines * c.max_chars_per_line
+        capacity = c.max_lines * line_columns(c, cand)
         min_dur_ns = c.min_duration_ms * NS_PER_MS
         best_j, best_score = len(cand) - 1, -math.inf
         lo, hi = 1, len(cand) - 1  # the longest head that fits (longer ones do not either)
@@ -263,10 +279,11 @@ class CueLayout:
             self._count(n_gap_adjusted=1)
         lines = tuple(
             line_text(line)
-            for line in (wrap(tokens, c.max_chars_per_line, c.max_lines) or [tokens])
+            for line in (wrap(tokens, line_columns(c, tokens), c.max_lines) or [tokens])
         )
-        n_chars = cue_chars(lines)
-        need_ns = max(c.min_duration_ms * NS_PER_MS, math.ceil(n_chars * NS_PER_S / c.max_cps))
+        n_chars = reading_chars(lines, tokens)
+        cps_limit = max_cps(c, tokens)
+        need_ns = max(c.min_duration_ms * NS_PER_MS, math.ceil(n_chars * NS_PER_S / cps_limit))
         end = max(tokens[-1].end_ns, start + need_ns)
         end = min(end, start + c.max_duration_ms * NS_PER_MS)
         if next_start_ns is not None:
@@ -278,7 +295,7 @@ class CueLayout:
         cps = n_chars * NS_PER_S / duration_ns
         self._count(
             n_cues=1,
-            n_cps_violations=int(cps > c.max_cps + 1e-9),
+            n_cps_violations=int(cps > cps_limit + 1e-9),
         )
         if cps > self._stats.max_cps:
             self._stats = dataclasses.replace(self._stats, max_cps=cps)
@@ -300,17 +317,17 @@ class RollUp:
         self._lines: list[list[Token]] = [[]]
 
     def push(self, words: Sequence[TaggedWord]) -> None:
-        max_chars = self.config.max_chars_per_line
         for word in words:
-            for tok in split_long(token_of(word), max_chars):
-                self._add(tok, self._lines)
+            tok = token_of(word)
+            for piece in split_long(tok, line_columns(self.config, [tok])):
+                self._add(piece, self._lines)
         keep = self.config.max_lines + 1
         if len(self._lines) > keep:
             del self._lines[:-keep]
 
     def _add(self, tok: Token, lines: list[list[Token]]) -> None:
         cur = lines[-1]
-        if line_len(cur + [tok]) <= self.config.max_chars_per_line:
+        if line_len(cur + [tok]) <= line_columns(self.config, cur + [tok]):
             cur.append(tok)
             return
         carry: list[Token] = []
@@ -320,7 +337,7 @@ class RollUp:
             cur.extend(carry)
             carry = []
         lines.append(carry + [tok])
-        while line_len(lines[-1]) > self.config.max_chars_per_line and len(lines[-1]) > 1:
+        while line_len(lines[-1]) > line_columns(self.config, lines[-1]) and len(lines[-1]) > 1:
             lines.insert(len(lines) - 1, [lines[-1].pop(0)])
 
     @staticmethod
@@ -331,7 +348,8 @@ class RollUp:
         """The lines to show now; the tentative tail is wrapped after the committed text."""
         lines = [list(line) for line in self._lines]
         for text in tentative.split():
-            for tok in split_long(Token(text, 0, 0), self.config.max_chars_per_line):
+            whole = Token(text, 0, 0)
+            for tok in split_long(whole, line_columns(self.config, [whole])):
                 self._add(dataclasses.replace(tok, tentative=True), lines)
         out = []
         for line in lines:

@@ -11,6 +11,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from subd.script import CLOSING, OPENING, columns, is_wide, joiner
+
 # Words that must stay with the word after them (the noun phrase they introduce).
 GLUE_WORDS = frozenset(
     """
@@ -26,8 +28,8 @@ GLUE_WORDS = frozenset(
 # Breaking *before* these is good style ("… the river | and the hills").
 CONJUNCTIONS = frozenset("and or but so because although though while whereas nor yet if".split())
 
-SENTENCE_END = frozenset(".?!")
-CLAUSE_END = frozenset(",;:")
+SENTENCE_END = frozenset(".?!。？！")
+CLAUSE_END = frozenset(",;:，；：、")
 # Title abbreviations: their period ends no sentence ("Mr. | John" is a bad break).
 ABBREVIATIONS = frozenset({"mr.", "mrs.", "ms.", "dr.", "st.", "jr.", "sr.", "vs.", "prof.", "mt."})
 
@@ -82,6 +84,10 @@ def break_score(left: Token, right: Token | None) -> float:
             score -= FORBIDDEN_PENALTY  # "25 | percent", "10 | km"
         if right.bare in CONJUNCTIONS:
             score += 0.5
+        if right.text[:1] in CLOSING:
+            score -= FORBIDDEN_PENALTY  # no line starts with a closing mark ("，" "。" "」")
+    if left.text[-1:] in OPENING:
+        score -= FORBIDDEN_PENALTY  # nor ends with an opening one ("「" "（")
     return score
 
 
@@ -89,11 +95,18 @@ def split_long(token: Token, max_chars: int) -> list[Token]:
     """Split a token longer than ``max_chars`` into hyphenated pieces that each fit a line.
 
     Times are shared out in proportion to characters so each piece keeps a plausible timing.
+    ``max_chars`` counts half-width columns; CJK text is cut between characters, without a
+    hyphen, and a piece never starts with a closing mark (it stays on the line before).
     """
-    if len(token.text) <= max_chars:
+    if columns(token.text) <= max_chars:
         return [token]
-    width = max_chars - 1  # room for the hyphen
-    pieces = [token.text[i : i + width] for i in range(0, len(token.text), width)]
+    if any(is_wide(ch) for ch in token.text):
+        pieces = _cut_wide(token.text, max_chars)
+        hyphen = ""
+    else:
+        width = max_chars - 1  # room for the hyphen
+        pieces = [token.text[i : i + width] for i in range(0, len(token.text), width)]
+        hyphen = "-"
     n_chars = len(token.text)
     out: list[Token] = []
     done = 0
@@ -105,7 +118,7 @@ def split_long(token: Token, max_chars: int) -> list[Token]:
         end = token.start_ns + span * done // n_chars
         out.append(
             Token(
-                text=piece if last else piece + "-",
+                text=piece if last else piece + hyphen,
                 start_ns=start,
                 end_ns=end,
                 punct=token.punct if last else "",
@@ -116,19 +129,35 @@ def split_long(token: Token, max_chars: int) -> list[Token]:
     return out
 
 
+def _cut_wide(text: str, max_cols: int) -> list[str]:
+    pieces: list[str] = []
+    cur = ""
+    for ch in text:
+        if cur and columns(cur + ch) > max_cols and ch not in CLOSING:
+            pieces.append(cur)
+            cur = ""
+        cur += ch
+    return pieces + [cur] if cur else pieces
+
+
+def _sep(left: Token, right: Token) -> str:
+    """Between two tokens of a line: nothing inside a split word or between CJK characters,
+    else a space (subd.script.joiner)."""
+    return "" if right.glue_before else joiner(left.text, right.text)
+
+
 def line_text(tokens: list[Token] | tuple[Token, ...]) -> str:
     parts: list[str] = []
-    for tok in tokens:
-        if parts and not tok.glue_before:
-            parts.append(" ")
+    for i, tok in enumerate(tokens):
+        if i:
+            parts.append(_sep(tokens[i - 1], tok))
         parts.append(tok.text)
     return "".join(parts)
 
 
 def line_len(tokens: list[Token] | tuple[Token, ...]) -> int:
-    if not tokens:
-        return 0
-    return sum(len(t.text) for t in tokens) + sum(1 for t in tokens[1:] if not t.glue_before)
+    """Width in half-width columns (a CJK character is two; English text: its length)."""
+    return columns(line_text(tokens))
 
 
 def wrap(
@@ -150,9 +179,11 @@ def wrap(
     back = [[-1] * (max_lines + 1) for _ in range(n + 1)]
     best[0][0] = 0.0
     for j in range(1, n + 1):
-        width = -1  # the line tokens[i:j], grown leftwards one token at a time
+        width = 0  # the line tokens[i:j] in columns, grown leftwards one token at a time
         for i in range(j - 1, -1, -1):
-            width += len(tokens[i].text) + (0 if i + 1 < j and tokens[i + 1].glue_before else 1)
+            width += columns(tokens[i].text)
+            if i + 1 < j:
+                width += len(_sep(tokens[i], tokens[i + 1]))
             if width > max_chars:
                 break
             brk = -break_score(tokens[j - 1], tokens[j]) if j < n else 0.0
