@@ -6,6 +6,7 @@ offline transcriber and the streaming recogniser are both built on it.
 
 from __future__ import annotations
 
+import copy
 import os
 import warnings
 from collections.abc import Callable
@@ -25,6 +26,7 @@ from subd.torch_threads import torch_threads
 SAMPLE_RATE_HZ = 16_000
 WINDOW_SAMPLES = 30 * SAMPLE_RATE_HZ
 MAX_PROMPT_TOKENS = 223  # half the text context, as the reference runtimes keep
+MULTILINGUAL_VOCAB = 51865  # a vocabulary this large has the language tokens
 
 
 @dataclass(frozen=True, slots=True)
@@ -292,8 +294,19 @@ def quantize_linears(model: torch.nn.Module) -> torch.nn.Module:
 
     torch marks its quantised tensor types as deprecated; they are still the fastest int8 GEMM
     path on CPU in this release, so the warning is silenced here and nowhere else.
+
+    A multilingual Whisper keeps its encoder in float32: with int8 activations (one scale per
+    tensor) base's encoder loses Chinese (espeak-ng Mandarin: the decode ran into a loop of one
+    character; decoder-only int8 gave the fp32 transcript but for 2 characters of 60).
     """
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
         warnings.simplefilter("ignore", DeprecationWarning)
+        dims = getattr(model, "dims", None)
+        if dims is not None and dims.n_vocab >= MULTILINGUAL_VOCAB:
+            model = copy.copy(model)  # the caller's model stays as it was (as quantize_dynamic)
+            model._modules = dict(model._modules)  # ... its own table of submodules
+            model.decoder = torch.ao.quantization.quantize_dynamic(
+                model.decoder, {torch.nn.Linear}, dtype=torch.qint8)
+            return model
         return torch.ao.quantization.quantize_dynamic(model, {torch.nn.Linear}, dtype=torch.qint8)

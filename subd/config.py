@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from subd.errors import ConfigError
+from subd.script import check_language, default_model
 
 T = TypeVar("T")
 
@@ -81,7 +82,10 @@ def nvidia_present() -> bool:
 @register_section("recognizer")
 @dataclass(frozen=True, slots=True)
 class RecognizerConfig:
-    model: str = "tiny.en"
+    # "" = by language: tiny.en for English, the multilingual base for any other (or auto)
+    model: str = ""
+    # "auto" (identified on each channel's first speech) or an ISO code: en, zh, ja, de, ...
+    language: str = "en"
     factory: str = ""  # "" = subd.recognise.streaming.StreamingRecognizer(model); or "module:callable"
     process: bool = True  # run in its own process (never share the publisher's GIL)
     min_update_ms: int = field(default=200, metadata=rng(0, 10_000))
@@ -100,7 +104,15 @@ class RecognizerConfig:
     # always, on the CPU from 2 channels on; "on"; "off" (one decode at a time, as before)
     batched: str = field(default="auto", metadata=choice("auto", "on", "off"))
 
+    def __post_init__(self) -> None:
+        if not self.model:  # frozen: the default model is chosen once, here
+            object.__setattr__(self, "model", default_model(self.language))
+
     def validate(self) -> None:
+        check_language(self.language)
+        if self.model.endswith(".en") and self.language not in ("en", "auto"):
+            raise ConfigError(f"[recognizer] language = {self.language!r}: the model "
+                              f"{self.model!r} knows only English (use model = \"base\")")
         if not re.fullmatch(r"auto|cpu|cuda(:\d{1,2})?", self.device):
             raise ConfigError(f"[recognizer] device: {self.device!r} is not one of auto, cpu, "
                               "cuda, cuda:N")

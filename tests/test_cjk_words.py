@@ -8,9 +8,15 @@ from subd.errors import ConfigError
 from subd.models.loading import PACKAGED, _pinned_path
 from subd.models.tokenizer import WhisperTokenizer
 from subd.models.words import prompt_text, split_spaceless, word_splitter
-from subd.recognise.language import WHISPER_LANGUAGES, check_language, default_model
 from subd.scoring.cer import cer
-from subd.script import columns, fullwidth_marks, join_words
+from subd.script import (
+    WHISPER_LANGUAGES,
+    check_language,
+    columns,
+    default_model,
+    fullwidth_marks,
+    join_words,
+)
 
 
 @pytest.fixture(scope="module")

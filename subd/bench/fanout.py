@@ -69,8 +69,8 @@ def rss_mb(pid: int | str = "self") -> float:
     return float("nan")
 
 
-def _request(port: int) -> bytes:
-    return f"GET /events HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\r\n".encode()
+def _request(port: int, path: str = "/events") -> bytes:
+    return f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\r\n".encode()
 
 
 # -- client processes ---------------------------------------------------------------------
@@ -98,7 +98,8 @@ def _arrival_ns(anc: list[tuple[int, int, bytes]], offset_ns: int) -> int | None
     return None
 
 
-def _client(port: int, *, idle: bool, wait: bool = True) -> socket.socket:
+def _client(port: int, *, idle: bool, wait: bool = True,
+            path: str = "/events") -> socket.socket:
     """A connected client that has sent its request; with ``wait`` False, a non-blocking
     connect in progress (the request is the caller's once it is writable): a blocking connect
     can wait a second for a SYN resent when the server's listen queue is full, and every
@@ -113,12 +114,13 @@ def _client(port: int, *, idle: bool, wait: bool = True) -> socket.socket:
         sock.connect_ex(("127.0.0.1", port))
         return sock
     sock.connect(("127.0.0.1", port))
-    sock.sendall(_request(port))
+    sock.sendall(_request(port, path))
     sock.setblocking(False)
     return sock
 
 
-def _bulk_main(port: int, n_readers: int, n_idle: int, measured: range, rejoin: bool) -> None:
+def _bulk_main(port: int, n_readers: int, n_idle: int, measured: range, rejoin: bool,
+               path: str = "/events") -> None:
     """Readers (read everything, raw recv in one epoll loop) and idle clients (never read).
 
     For every event a reader receives, the kernel's arrival stamp minus ``due_ns`` is kept
@@ -136,7 +138,7 @@ def _bulk_main(port: int, n_readers: int, n_idle: int, measured: range, rejoin: 
     connecting: dict[int, socket.socket] = {}  # idle clients reconnecting
     for i in range(0, n_readers + n_idle, 100):  # in batches: stay inside the listen backlog
         for j in range(i, min(i + 100, n_readers + n_idle)):
-            sock = _client(port, idle=j >= n_readers)
+            sock = _client(port, idle=j >= n_readers, path=path)
             if j < n_readers:
                 readers[sock.fileno()] = (sock, [b"", []])
                 ep.register(sock.fileno(), select.EPOLLIN)
@@ -157,7 +159,7 @@ def _bulk_main(port: int, n_readers: int, n_idle: int, measured: range, rejoin: 
                 sock = connecting.pop(fd)
                 if mask & select.EPOLLOUT and not sock.getsockopt(socket.SOL_SOCKET,
                                                                   socket.SO_ERROR):
-                    sock.send(_request(port))  # ~60 bytes into an empty buffer
+                    sock.send(_request(port, path))  # ~60 bytes into an empty buffer
                     idle[fd] = sock
                     ep.modify(fd, select.EPOLLRDHUP)
                     n_rejoined += 1
@@ -189,7 +191,7 @@ def _bulk_main(port: int, n_readers: int, n_idle: int, measured: range, rejoin: 
             state[1].extend(stamp - due for k, due in events if k in measured)
         while rejoin_at and rejoin_at[0] <= time.monotonic() and not done:
             rejoin_at.popleft()
-            sock = _client(port, idle=True, wait=False)
+            sock = _client(port, idle=True, wait=False, path=path)
             connecting[sock.fileno()] = sock
             ep.register(sock.fileno(), select.EPOLLOUT)
     print(json.dumps({"errors_ns": done, "rejoined": n_rejoined}), flush=True)

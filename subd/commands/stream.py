@@ -33,7 +33,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--latency-ms", type=int, help="D: audio-to-publication latency")
     p.add_argument("--lookahead-ms", type=int, help="A: look-ahead fetch window (150)")
     p.add_argument("--fps", help="tick rate: 30 (default), 25, 30000/1001 ...")
-    p.add_argument("--model", help="recogniser model (default tiny.en)")
+    p.add_argument("--model", help="recogniser model (default: tiny.en for English, base for "
+                   "other languages)")
+    p.add_argument("--language", help="ISO code of the speech (en, zh, ja, ...) or auto "
+                   "(default: [recognizer] language)")
     p.add_argument("--device", help="recogniser device: auto, cpu, cuda or cuda:N "
                    "(default: [recognizer] device)")
     p.add_argument("--config", help="configuration file (defaults: built in)")
@@ -61,8 +64,15 @@ def stream_config(args: argparse.Namespace) -> Config:
     source = dataclasses.replace(cfg.source, kind="file", path=args.input,
                                  speed=float(speed), jitter_ms=args.jitter_ms, loop=False)
     rec = cfg.recognizer
+    if args.language:
+        rec = with_language(rec, args.language)
     if args.model:
         rec = dataclasses.replace(rec, model=args.model)
+    if args.language:
+        try:
+            rec.validate()  # an English-only model asked for another language
+        except UserError as exc:
+            raise UserError(str(exc).replace("[recognizer] language", "--language")) from None
     if args.device:
         rec = dataclasses.replace(rec, device=args.device)
         try:
@@ -70,6 +80,20 @@ def stream_config(args: argparse.Namespace) -> Config:
         except UserError as exc:
             raise UserError(str(exc).replace("[recognizer] device", "--device")) from None
     return cfg.replace(tick=tick, source=source, recognizer=rec)
+
+
+def with_language(rec, language: str):
+    """``rec`` for ``--language``; a model that was the old language's default follows it
+    (tiny.en for English, base otherwise)."""
+    from subd.errors import ConfigError
+    from subd.script import check_language, default_model
+
+    try:
+        code = check_language(language, "--language")
+    except ConfigError as exc:
+        raise UserError(str(exc)) from None
+    model = default_model(code) if rec.model == default_model(rec.language) else rec.model
+    return dataclasses.replace(rec, language=code, model=model)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -28,7 +28,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "input", help="audio file (WAV/FLAC/OGG, others through ffmpeg) or - for stdin PCM"
     )
     p.add_argument("-o", "--output", required=True, help="output file: .srt, .vtt or .json")
-    p.add_argument("--model", default="tiny.en", help="tiny.en (default), base, or a model path")
+    p.add_argument("--model", help="tiny.en (default for English), base (default for other "
+                   "languages and auto), or a model path")
+    p.add_argument("--language", default="en",
+                   help="ISO code of the speech (en, zh, ja, ...; default en) or auto (Whisper "
+                   "identifies it on the first speech)")
     p.add_argument(
         "--format",
         dest="pcm_format",
@@ -88,14 +92,14 @@ class Progress:
 def _tagged(word: Word) -> TaggedWord:
     """The recogniser's own punctuation as tags (offline output has full right context)."""
     text = word.text
-    punct = text[-1] if text[-1:] in (",", ".", "?", "!") else ""
+    punct = text[-1] if text[-1:] in (",", ".", "?", "!", "，", "。", "？", "！") else ""
     if text.lower() in ABBREVIATIONS:
         punct = ""
     return TaggedWord(
         word=word,
         text=text,
         punct=punct,
-        break_after=1.0 if punct and punct in ".?!" else 0.0,
+        break_after=1.0 if punct and punct in ".?!。？！" else 0.0,
         final=True,
     )
 
@@ -170,6 +174,19 @@ def place_or_exit(device: str, precision: str):
                         .replace("[recognizer] precision", "--precision")) from None
 
 
+def language_and_model(language: str, model: str | None) -> tuple[str, str]:
+    """--language (checked, one line on a bad code) and the model: as given, else the default
+    for the language (tiny.en for English, the multilingual base otherwise)."""
+    from subd.errors import ConfigError
+    from subd.script import check_language, default_model
+
+    try:
+        code = check_language(language, "--language")
+    except ConfigError as exc:
+        raise UserError(str(exc)) from None
+    return code, model or default_model(code)
+
+
 def run(args: argparse.Namespace) -> int:
     from subd.gpu.device import load_engine
     from subd.recognise.offline import TranscribeOptions, Transcriber
@@ -181,6 +198,7 @@ def run(args: argparse.Namespace) -> int:
     if out.exists() and out.is_dir():
         raise UserError(f"{out}: is a directory")
     placement = place_or_exit(args.device, args.precision)  # before any audio is read
+    language, model = language_and_model(args.language, args.model)
     if args.input == "-":
         spec = audio.PcmSpec.parse(args.pcm_format, args.rate, args.channels)
         blocks = audio.iter_pcm_blocks(
@@ -190,8 +208,11 @@ def run(args: argparse.Namespace) -> int:
     else:
         blocks = audio.iter_audio_blocks(args.input)
         total_s = audio.total_duration_s(args.input)
-    engine = load_engine(args.model, placement, threads=args.threads or None)
-    transcriber = Transcriber(engine, TranscribeOptions(vad=not args.no_vad))
+    engine = load_engine(model, placement, threads=args.threads or None)
+    if not engine.tokenizer.multilingual and language not in ("en", "auto"):
+        raise UserError(f"--language {language}: the model {model!r} knows only English "
+                        "(use --model base)")
+    transcriber = Transcriber(engine, TranscribeOptions(vad=not args.no_vad, language=language))
     show = not args.quiet and (total_s is None or total_s > PROGRESS_MIN_S)
     progress = Progress(total_s, enabled=show)
     words: list[Word] = []

@@ -11,47 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from subd.errors import ConfigError
-
-# Whisper's languages (the <|xx|> tokens of the multilingual vocabulary, large-v3's "yue"
-# included). Checked at load time, without the model: a typo is a config error, not a crash in
-# the recogniser process.
-WHISPER_LANGUAGES = frozenset(
-    """
-    en zh de es ru ko fr ja pt tr pl ca nl ar sv it id hi fi vi he uk el ms cs ro da hu ta no
-    th ur hr bg lt la mi ml cy sk te fa lv bn sr az sl kn et mk br eu is hy ne mn bs kk sq sw
-    gl mr pa si km sn yo so af oc ka be tg sd gu am yi lo uz fo ht ps tk nn mt sa lb my bo tl
-    mg as tt haw ln ha ba jw su yue
-    """.split()
-)
-AUTO = "auto"
-ENGLISH_MODEL = "tiny.en"
-MULTILINGUAL_MODEL = "base"  # the packaged multilingual model (subd[base])
-
-
-def check_language(value: object, where: str = "[recognizer] language") -> str:
-    """``value`` as a language setting ("auto" or a Whisper ISO code), or a ConfigError."""
-    if not isinstance(value, str):
-        raise ConfigError(f"{where}: expected a string (\"auto\" or an ISO code like \"zh\"), "
-                          f"got {value!r}")
-    code = value.strip().lower()
-    if code == AUTO or code in WHISPER_LANGUAGES:
-        return code
-    raise ConfigError(f"{where}: {value!r} is not \"auto\" or a language Whisper knows "
-                      "(ISO 639-1 codes such as en, zh, ja, de, fr, es)")
-
-
-def default_model(language: str) -> str:
-    """English gets the small English-only model; any other language (or "auto") the packaged
-    multilingual ``base``."""
-    return ENGLISH_MODEL if language == "en" else MULTILINGUAL_MODEL
-
-
-def check_model_language(model_multilingual: bool, language: str, model: str) -> None:
-    if not model_multilingual and language not in ("en", AUTO):
-        raise ConfigError(f"[recognizer] language = {language!r}: the model {model!r} knows only "
-                          f"English (use model = \"{MULTILINGUAL_MODEL}\" or another "
-                          "multilingual model)")
+from subd.script import AUTO, check_language
 
 
 @dataclass(frozen=True, slots=True)

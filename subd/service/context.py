@@ -39,7 +39,8 @@ class ChannelContext:
 
         cfg = self.config.recognizer
         spec = self.recogniser_spec or recognizer_spec(cfg.model, cfg.factory,
-                                                       encoder_pad_ms=cfg.encoder_pad_ms)
+                                                       encoder_pad_ms=cfg.encoder_pad_ms,
+                                                       language=cfg.language)
         where = {"history_name": history.shm_name} if cfg.process else {"history": history}
         return FactorySpec("subd.workers.hosts:RecogniserHost",
                            {"recognizer": spec, "history_capacity": history.capacity, **where})

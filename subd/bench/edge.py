@@ -1,0 +1,275 @@
+"""``subd bench edge``: viewers served through the caption bus, and the same viewers without it.
+
+Bus on: a redis-server of its own (in a temporary directory, stopped at the end), one
+``subd run`` daemon publishing channel "main" (the bundled demo clip, the scripted recogniser:
+this measures the fan-out, not the model) to it, and two ``subd edge`` processes (one fan-out
+worker each), with ``--clients`` SSE clients per edge, half of them never reading (they are
+dropped and reconnect, as EventSource does). Bus off: the same daemon without ``[bus]`` serving
+the same number of clients itself (``[sinks.sse] fanout_workers = 1``).
+
+The clients are bench fanout's bulk processes (one per server): for every event a reader
+receives, the kernel's arrival stamp (SO_TIMESTAMPNS) minus the event's ``due_ns`` (T(k) on this
+host's monotonic clock, which the edges share with the daemon here). The headline is the p99
+over every event at every reader, and the worst single reader's p99. Memory: the resident size
+of every server process (fan-out workers included) and of Redis when the clients are connected
+and at the end, and the stream's length (bounded by ``[bus] stream_maxlen``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from subd.bench.fanout import percentile, raise_fd_limit, rss_mb, try_realtime
+
+NS_PER_MS = 1_000_000
+START_LIMIT_S = 120.0
+TAIL_TICKS = 15
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait(predicate: Any, limit_s: float, what: str) -> Any:
+    from subd.errors import UserError
+
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        try:
+            got = predicate()
+        except (OSError, ValueError, LookupError):  # not up yet
+            got = None
+        if got:
+            return got
+        time.sleep(0.1)
+    raise UserError(f"bench edge: timed out waiting for {what}")
+
+
+def _json(port: int, path: str) -> dict[str, Any]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as resp:
+            return json.loads(resp.read())
+    except urllib.error.HTTPError as exc:  # a 503 still carries the figures
+        return json.loads(exc.read())
+
+
+def _tree_rss_mb(pid: int) -> float:
+    """A process and its children (fan-out workers, stage processes)."""
+    total = rss_mb(pid)
+    try:
+        children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    except OSError:
+        children = []
+    return total + sum(_tree_rss_mb(int(c)) for c in children)
+
+
+class _Procs:
+    """Every process this bench starts, stopped (by pid) in reverse order."""
+
+    def __init__(self, tmp: Path) -> None:
+        self.tmp = tmp
+        self.procs: list[subprocess.Popen] = []
+
+    def start(self, name: str, args: list[str]) -> subprocess.Popen:
+        with open(self.tmp / f"{name}.log", "ab") as log:
+            proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
+        self.procs.append(proc)
+        return proc
+
+    def stop(self, proc: subprocess.Popen, timeout_s: float = 15) -> None:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+    def stop_all(self) -> None:
+        for proc in reversed(self.procs):
+            self.stop(proc)
+
+
+def _daemon_config(port: int, bus_url: str) -> str:
+    bus = f'[bus]\nurl = "{bus_url}"\n' if bus_url else ""
+    return f"""
+[source]
+kind = "file"
+loop = true
+[recognizer]
+factory = "subd.testing.recognizer:ScriptedRecognizer"
+[pipeline]
+tagger = "none"
+[server]
+port = {port}
+[sinks]
+enabled = ["sse"]
+[sinks.sse]
+fanout_workers = 1
+max_clients = 4096
+{bus}"""
+
+
+def _run_once(tmp: Path, args: argparse.Namespace, bus: bool) -> dict[str, Any]:
+    procs = _Procs(tmp)
+    py = [sys.executable, "-m", "subd.cli"]
+    redis_port = _free_port()
+    bus_url = f"redis://127.0.0.1:{redis_port}/0" if bus else ""
+    try:
+        redis = None
+        if bus:
+            redis = procs.start("redis", ["redis-server", "--port", str(redis_port), "--bind",
+                                          "127.0.0.1", "--dir", str(tmp), "--save", "",
+                                          "--appendonly", "no", "--daemonize", "no"])
+        port = _free_port()
+        config = tmp / f"daemon-{'bus' if bus else 'direct'}.toml"
+        config.write_text(_daemon_config(port, bus_url))
+        daemon = procs.start("daemon", [*py, "run", "--config", str(config)])
+        _wait(lambda: (_json(port, "/healthz")["channels"]["main"]["last_tick"] or 0) > 0,
+              START_LIMIT_S, "the daemon's first tick")
+        servers: list[tuple[subprocess.Popen, int, str]] = []
+        if bus:
+            for i in range(2):
+                edge_port = _free_port()
+                edge = procs.start(f"edge{i}", [
+                    *py, "edge", "--bus", bus_url, "--listen", f"127.0.0.1:{edge_port}",
+                    "--fanout-workers", "1", "--max-clients", str(args.clients + 64)])
+                servers.append((edge, edge_port, "/c/main/events"))
+            for _, edge_port, _ in servers:  # the first request makes it follow the channel
+                _wait(lambda p=edge_port: urllib.request.urlopen(
+                    f"http://127.0.0.1:{p}/c/main/overlay", timeout=5).status == 200,
+                    START_LIMIT_S, "the edges")
+                _wait(lambda p=edge_port: _first_event(p), START_LIMIT_S, "an edge's events")
+        else:
+            servers = [(daemon, port, "/c/main/events")] * 2
+
+        def last_k() -> int:
+            if bus:
+                return _json(servers[0][1], "/healthz")["channels"]["main"]["last_k"]
+            return _json(port, "/healthz")["channels"]["main"]["last_tick"] or 0
+
+        k_start = last_k() + args.warmup
+        measured = range(k_start, k_start + args.ticks)
+        n_idle = args.clients // 2
+        bulks = []
+        for _, server_port, path in servers:
+            code = (f"from subd.bench.fanout import _bulk_main; _bulk_main({server_port}, "
+                    f"{args.clients - n_idle}, {n_idle}, {measured!r}, True, {path!r})")
+            bulks.append(subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,
+                                          text=True))
+        for bulk in bulks:
+            assert bulk.stdout is not None
+            bulk.stdout.readline()  # "ready"
+        pids = {"daemon": daemon.pid, **{f"edge{i + 1}": p.pid
+                                         for i, (p, _, _) in enumerate(servers) if bus}}
+        if redis is not None:
+            pids["redis"] = redis.pid
+        rss_connected = {name: _tree_rss_mb(pid) for name, pid in pids.items()}
+        _wait(lambda: last_k() >= measured.stop + TAIL_TICKS,
+              (args.warmup + args.ticks) / 30 + 60, "the measured ticks")
+        rss_end = {name: _tree_rss_mb(pid) for name, pid in pids.items()}
+        xlen = _xlen(redis_port) if bus else 0
+        for proc, _, _ in dict.fromkeys(servers):  # closing the servers ends the bulk readers
+            procs.stop(proc)
+        readers: list[list[int]] = []
+        rejoined = 0
+        for bulk in bulks:
+            out, _ = bulk.communicate(timeout=60)
+            got = json.loads(out.strip().splitlines()[-1])
+            readers += [r for r in got["errors_ns"] if r]
+            rejoined += got["rejoined"]
+        every_ms = [e / NS_PER_MS for r in readers for e in r]
+        if not every_ms:
+            from subd.errors import UserError
+
+            raise UserError("bench edge: no reader received a measured tick")
+        return dict(bus=bus, servers=2 if bus else 1, clients=2 * args.clients,
+                    readers=len(readers), every_p50_ms=percentile(every_ms, 0.5),
+                    every_p99_ms=percentile(every_ms, 0.99), every_max_ms=max(every_ms),
+                    worst_p99_ms=max(percentile(r, 0.99) for r in readers) / NS_PER_MS,
+                    rss_connected=rss_connected, rss_end=rss_end, xlen=xlen,
+                    rejoined=rejoined, n_events=len(every_ms))
+    finally:
+        procs.stop_all()
+
+
+def _first_event(port: int) -> bool:
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+        s.sendall(b"GET /c/main/events HTTP/1.1\r\nHost: x\r\n\r\n")
+        data = b""
+        while b"\nid: " not in data and b"\r\nid: " not in data:
+            chunk = s.recv(65536)
+            if not chunk:
+                return False
+            data += chunk
+        return True
+
+
+def _xlen(port: int) -> int:
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+        s.sendall(b"XLEN subd:{main}:events\r\n")
+        return int(s.recv(64).strip().lstrip(b":"))
+
+
+def run(args: argparse.Namespace) -> int:
+    from subd.errors import UserError
+
+    if args.clients < 2 or args.ticks < 60 or args.warmup < 0:
+        raise UserError("edge: need --clients >= 2, --ticks >= 60, --warmup >= 0")
+    if shutil.which("redis-server") is None:
+        raise UserError("edge: redis-server is not installed (scripts/install-deps.sh)")
+    limit = raise_fd_limit(2 * args.clients + 512)
+    if limit < args.clients + 128:
+        raise UserError(f"edge: open-file limit {limit} is too low for {args.clients} clients")
+    realtime = try_realtime(50)  # inherited by the servers, as systemd would grant it
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="subd-bench-edge-") as tmp:
+        for bus in (True, False):
+            rows.append(_run_once(Path(tmp), args, bus))
+    print(f"subd bench edge: {args.ticks} measured ticks at 30 fps after {args.warmup}, "
+          f"{args.clients} clients per edge (half never reading), servers SCHED_FIFO="
+          f"{realtime}, {os.cpu_count()} CPUs")
+    print("publish-time error (ms after due_ns): every event at every reading client, by its "
+          "kernel arrival stamp; worst: the p99 of the reader whose p99 is highest. RSS in MB, "
+          "each server with its fan-out workers (the daemon with its stage processes):")
+    head = ("bus", "servers", "clients", "readers", "all_p50", "all_p99", "all_max",
+            "worst_p99", "rejoined", "stream_len")
+    print(" ".join(f"{h:>10}" for h in head))
+    for r in rows:
+        vals = ("on" if r["bus"] else "off", r["servers"], r["clients"], r["readers"],
+                r["every_p50_ms"], r["every_p99_ms"], r["every_max_ms"], r["worst_p99_ms"],
+                r["rejoined"], r["xlen"])
+        print(" ".join(f"{v:>10.2f}" if isinstance(v, float) else f"{v:>10}" for v in vals))
+    for r in rows:
+        mem = ", ".join(f"{name} {r['rss_connected'][name]:.0f} -> {r['rss_end'][name]:.0f}"
+                        for name in r["rss_end"])
+        print(f"RSS bus {'on' if r['bus'] else 'off'} (connected -> end): {mem}")
+    on, off = rows
+    print(f"p99 over all reading clients through the bus: {on['every_p99_ms']:.2f} ms "
+          f"(target <= 2 ms: {'met' if on['every_p99_ms'] <= 2 else 'NOT met'}); without it, "
+          f"one daemon serving them all: {off['every_p99_ms']:.2f} ms")
+    return 0
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("edge", help="viewers through Redis and 2 edges vs one daemon")
+    p.add_argument("--clients", type=int, default=1000, help="SSE clients per edge")
+    p.add_argument("--ticks", type=int, default=300, help="measured ticks")
+    p.add_argument("--warmup", type=int, default=240,
+                   help="ticks before the measured ones: the idle clients' buffers fill and "
+                   "they are dropped meanwhile (~6 s)")
+    p.set_defaults(func=run)
