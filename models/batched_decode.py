@@ -57,6 +57,9 @@ class DecodeBuffers:
         self.done = torch.ones(max_rows, dtype=torch.bool, **z)
         self.looped = torch.zeros(max_rows, dtype=torch.bool, **z)
         self.runs = torch.zeros(max_rows, MAX_GRAM, dtype=torch.long, **z)
+        # tokens forced at the start of a row's transcript (a committed prefix): they count in
+        # n_gen, but the loop guard, like tail_loop, looks only at what is decoded after them
+        self.n_forced = torch.zeros(max_rows, dtype=torch.long, **z)
         self.out_tok = torch.zeros(max_rows, max_new, dtype=torch.long, **z)
         self.out_lp = torch.zeros(max_rows, max_new, dtype=torch.float32, **z)
         self.temperature = torch.zeros(max_rows, dtype=torch.float32, **z)  # 0: greedy row
@@ -173,7 +176,7 @@ class BatchRules:
         # tail_loop, exactly: run[g] = length of the run of token[i] == token[i-g] ending here
         back = n_gen[:, None] - self.grams[None, :]  # [n, G]
         earlier = buf.out_tok[:n].gather(1, back.clamp(min=0))  # [n, G]
-        same = (earlier == token[:, None]) & (back >= 0)
+        same = (earlier == token[:, None]) & (back >= buf.n_forced[:n, None])
         runs = torch.where(same, buf.runs[:n] + 1, torch.zeros_like(buf.runs[:n]))
         buf.runs[:n] = torch.where(appended[:, None], runs, buf.runs[:n])
         looped = appended & (buf.runs[:n] >= self.need_run).any(dim=1)

@@ -1,0 +1,311 @@
+"""Live windows of many streams at once: ``WhisperEngine.transcribe_window``, batched.
+
+The streaming policy (subd/recognise/streaming.py) decides per stream what to decode: the
+window, the previous-text prompt, the committed prefix to force, the token budget, the encoder
+span, the language. :class:`WindowEngine` runs those decodes for many streams together and
+hands each stream the same :class:`~subd.models.engine.WindowResult` the single-stream engine
+would:
+
+* front end and encoder batched over the windows that share an encoder span (the span depends
+  on the window's length; windows of one span bucket share one encoder call);
+* decoding batched on the static-cache engine (``models.batched``), with the committed prefix
+  forced per row: the prefix goes through the prompt pass with the prompt and counts as
+  already generated (the timestamp rules see it, the loop guard does not, as in
+  ``decode_window``); on CUDA the step chunks replay captured graphs and the host reads one
+  "all done" flag per chunk, one chunk late;
+* the temperature fallback (when the policy asks for one) re-decodes only the rows that need
+  it, and so does the retry without the prefix;
+* word timings from the alignment heads, one pass per row over the row's own encoder output
+  (the single-stream code: exactly the daemon's timings, script-aware word splitting included).
+
+Greedy results equal the single-stream engine's row by row in float32 (tests/test_batched_
+policy.py); in float16 on CUDA a near-tie can flip a token (documented in the bench output).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+import numpy as np
+import torch
+
+from subd.kernels.mel import WINDOW_FRAMES
+from subd.kernels.mel_gpu import n_frames_for
+from subd.models.batched import BatchedEngine, EngineConfig, bucket
+from subd.models.batched_decode import StepShape, cross_fill, prefill
+from subd.models.decoding import (
+    DecodeOptions,
+    DecodeResult,
+    compression_ratio,
+    periodic_tail_start,
+)
+from subd.models.engine import (
+    FULL_SPAN,
+    MAX_PROMPT_TOKENS,
+    WINDOW_SAMPLES,
+    EncoderSpan,
+    FallbackPolicy,
+    WhisperEngine,
+    WindowResult,
+)
+from subd.models.loading import LoadedModel
+
+
+@dataclass(frozen=True, slots=True)
+class WindowJob:
+    """One stream's decode, as the policy asks ``transcribe_window`` for it."""
+
+    audio: np.ndarray
+    previous: list[int] | None
+    policy: FallbackPolicy
+    options: DecodeOptions
+    prefix: tuple[int, ...] = ()
+    retry_without_prefix: Callable[[], bool] | None = None
+    span: EncoderSpan = FULL_SPAN
+    language: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class _Row:
+    prompt: list[int]  # previous text + start of transcript
+    sot_index: int
+    prefix: tuple[int, ...]
+    max_new: int  # tokens to decode after the prefix
+
+
+class WindowEngine:
+    """Batched ``transcribe_window`` over one model on one device."""
+
+    def __init__(self, loaded: LoadedModel, device: str = "cpu",
+                 dtype: torch.dtype = torch.float32, *, max_rows: int = 64,
+                 quantize: bool = False, language: str = "en"):
+        # the token buffers hold the prefix and the new tokens: up to the whole text context
+        config = EngineConfig(max_rows=max_rows, max_new_tokens=loaded.model.dims.n_text_ctx,
+                              encoder_rows=min(128, max_rows))
+        self.batched = BatchedEngine(loaded, device=device, dtype=dtype, config=config)
+        if quantize:  # CPU int8, as the single-stream live engine runs
+            from subd.models.engine import quantize_linears
+
+            self.batched.model = quantize_linears(self.batched.model)
+        # the single-stream engine over the same weights: word timings and language detection
+        self.single = WhisperEngine(dataclasses.replace(loaded, model=self.batched.model),
+                                    language=language)
+        self.tokenizer = loaded.tokenizer
+        self.n_rows_decoded = 0
+        self.n_decode_calls = 0
+
+    # ---- the policy's entry point ------------------------------------------------------------
+    def transcribe(self, jobs: list[WindowJob]) -> list[WindowResult | BaseException]:
+        """One result per job, in order; a job whose own callback failed gets its exception."""
+        out: list[WindowResult | BaseException | None] = [None] * len(jobs)
+        groups: dict[int, list[int]] = {}
+        frames = []
+        for i, job in enumerate(jobs):
+            n = min(len(job.audio), WINDOW_SAMPLES)
+            frames.append(min(n_frames_for(n) - 1, WINDOW_FRAMES))
+            groups.setdefault(job.span.frames(frames[-1]), []).append(i)
+        cap = self.batched.config.max_rows
+        for enc_frames, idx in sorted(groups.items()):
+            for lo in range(0, len(idx), cap):
+                part = idx[lo : lo + cap]
+                got = self._windows([jobs[i] for i in part], [frames[i] for i in part],
+                                    enc_frames)
+                for i, r in zip(part, got, strict=True):
+                    out[i] = r
+        return out  # type: ignore[return-value]
+
+    def _windows(self, jobs: list[WindowJob], frames: list[int], enc_frames: int
+                 ) -> list[WindowResult | BaseException]:
+        eng = self.batched
+        audio, lengths = eng.upload([j.audio[:WINDOW_SAMPLES] for j in jobs])
+        feats = eng.encode(eng.features(audio, lengths, enc_frames))
+        results = self._with_fallback(feats, jobs, [j.prefix for j in jobs])
+        used = [bool(j.prefix) for j in jobs]
+        ts = self.tokenizer.special.timestamp_begin
+        errors: dict[int, BaseException] = {}
+        redo = []
+        for b, (job, res) in enumerate(zip(jobs, results, strict=True)):
+            n_prefix = sum(1 for t in job.prefix if t < ts)
+            if job.prefix and job.retry_without_prefix is not None \
+                    and len(res.text_tokens(ts)) <= n_prefix:
+                try:
+                    if job.retry_without_prefix():
+                        redo.append(b)
+                except Exception as exc:  # noqa: BLE001 - that stream's failure, not the batch's
+                    errors[b] = exc
+        if redo:
+            sub = self._rows(feats, redo)
+            again = self._with_fallback(sub, [jobs[b] for b in redo], [()] * len(redo))
+            for b, res in zip(redo, again, strict=True):
+                results[b], used[b] = res, False
+        eng._join("encode")
+        eng._join("decode")
+        out: list[WindowResult | BaseException] = []
+        for b, (job, res) in enumerate(zip(jobs, results, strict=True)):
+            if b in errors:
+                out.append(errors[b])
+                continue
+            if self.single.is_silent(res, job.policy):
+                out.append(WindowResult(res, (), False, used[b]))
+                continue
+            n_prefix = sum(1 for t in job.prefix if t < ts) if used[b] else 0
+            extra = {} if job.language is None else {"language": job.language}
+            words = self.single.align(feats[b : b + 1], res.text_tokens(ts), frames[b],
+                                      n_prefix, **extra)
+            out.append(WindowResult(res, tuple(words), True, used[b]))
+        return out
+
+    def _rows(self, feats: torch.Tensor, rows: list[int]) -> torch.Tensor:
+        eng = self.batched
+        with eng._on("decode", after="encode"):  # feats come from the encode stream
+            return feats.index_select(0, torch.tensor(rows, device=feats.device))
+
+    # ---- decoding --------------------------------------------------------------------------
+    def _with_fallback(self, feats: torch.Tensor, jobs: list[WindowJob],
+                       prefixes: list[tuple[int, ...]]) -> list[DecodeResult]:
+        policy = jobs[0].policy
+        results: list[DecodeResult | None] = [None] * len(jobs)
+        todo = list(range(len(jobs)))
+        for i, temperature in enumerate(policy.temperatures):
+            rows, opts = [], []
+            for r in todo:
+                o = replace(jobs[r].options, temperature=temperature)
+                if i > 0:
+                    o = replace(o, max_new_tokens=min(o.max_new_tokens,
+                                                      policy.max_fallback_tokens))
+                opts.append(o)
+                previous = jobs[r].previous if temperature <= 0.5 else None
+                rows.append(self._row(previous, prefixes[r], o.max_new_tokens,
+                                      jobs[r].language))
+            sub = feats if len(todo) == len(jobs) else self._rows(feats, todo)
+            got = self._decode(sub, rows, opts[0])
+            retry = []
+            for r, res in zip(todo, got, strict=True):
+                results[r] = res
+                silent = (res.no_speech_prob > policy.no_speech_threshold
+                          and res.avg_logprob < policy.logprob_threshold)
+                bad = (res.looped or res.compression_ratio > policy.compression_ratio_threshold
+                       or res.avg_logprob < policy.logprob_threshold)
+                if bad and not silent:
+                    retry.append(r)
+            todo = retry
+            if not todo:
+                break
+        return results  # type: ignore[return-value]
+
+    def _row(self, previous: list[int] | None, prefix: tuple[int, ...], max_new: int,
+             language: str | None) -> _Row:
+        sp = self.tokenizer.special
+        before = [sp.sot_prev, *previous[-MAX_PROMPT_TOKENS:]] if previous else []
+        sot = self.single.sot_sequence
+        if language is not None and self.tokenizer.multilingual:
+            sot = self.tokenizer.sot_sequence(language)
+        prompt = before + list(sot)
+        n_ctx = self.batched.model.dims.n_text_ctx
+        return _Row(prompt, len(before), prefix,
+                    max(0, min(max_new, n_ctx - len(prompt) - len(prefix))))
+
+    @torch.inference_mode()
+    def _decode(self, feats: torch.Tensor, rows: list[_Row], options: DecodeOptions
+                ) -> list[DecodeResult]:
+        eng, sp = self.batched, self.tokenizer.special
+        buf, dev, cfg = eng.buf, eng.device, eng.config
+        n, t = feats.shape[0], feats.shape[1]
+        full = [r.prompt + list(r.prefix) for r in rows]
+        p_max = max(len(f) for f in full)
+        m_max = max(1, max(len(r.prefix) for r in rows))
+        new_max = max(r.max_new for r in rows)
+        n_rows = min(bucket(n, cfg.row_buckets) if eng.cuda else n, cfg.max_rows)
+        ctx = min(bucket(p_max + new_max + 1, cfg.ctx_buckets), eng.model.dims.n_text_ctx)
+        shape = StepShape(n_rows, t, ctx)
+        rules = eng._rules_for(options)
+        sample = options.temperature > 0
+        prompts = torch.full((n_rows, p_max), sp.eot, dtype=torch.long)
+        prompts[:, 0] = rows[0].prompt[0]
+        plen = torch.ones(n_rows, dtype=torch.long)
+        sot = torch.zeros(n_rows, dtype=torch.long)
+        forced = torch.zeros(n_rows, dtype=torch.long)
+        max_new = torch.zeros(n_rows, dtype=torch.long)
+        head = torch.zeros(n_rows, m_max, dtype=torch.long)
+        last = torch.zeros(n_rows, dtype=torch.long)
+        prev = torch.zeros(n_rows, dtype=torch.long)
+        stamp = torch.full((n_rows,), -1, dtype=torch.long)
+        for b, (r, f) in enumerate(zip(rows, full, strict=True)):
+            prompts[b, : len(f)] = torch.tensor(f)
+            plen[b], sot[b], m = len(f), r.sot_index, len(r.prefix)
+            forced[b], max_new[b] = m, m + r.max_new
+            if m:  # the prefix counts as generated: the rules continue after it
+                head[b, :m] = torch.tensor(r.prefix)
+                last[b] = r.prefix[-1]
+                prev[b] = r.prefix[-2] if m >= 2 else 0
+                stamps = [x for x in r.prefix if x >= sp.timestamp_begin]
+                stamp[b] = stamps[-1] if stamps else -1
+        with eng._on("decode", after="encode"):
+            cross_fill(eng.model.decoder, buf, feats, 0)
+            for name in ("runs", "out_lp"):
+                getattr(buf, name)[:n_rows].zero_()
+            buf.out_tok[:n_rows, :m_max] = head.to(dev, non_blocking=True)
+            buf.n_gen[:n_rows] = forced.to(dev, non_blocking=True)
+            buf.n_forced[:n_rows] = buf.n_gen[:n_rows]
+            buf.max_new[:n_rows] = max_new.to(dev, non_blocking=True)
+            buf.last_tok[:n_rows] = last.to(dev, non_blocking=True)
+            buf.prev_tok[:n_rows] = prev.to(dev, non_blocking=True)
+            buf.last_stamp[:n_rows] = stamp.to(dev, non_blocking=True)
+            buf.done[:n_rows] = torch.arange(n_rows, device=dev) >= n
+            buf.looped[:n_rows] = False
+            buf.temperature[:n_rows] = options.temperature
+            plen_dev = plen.to(dev)
+            no_speech = prefill(eng.model.decoder, buf, prompts.to(dev), plen_dev,
+                                sot.to(dev), shape, sp.no_speech)
+            # steps place token j of the transcript at position plen + j: the prefix is part
+            # of the transcript, not of the prompt
+            buf.plen[:n_rows] = plen_dev - buf.n_forced[:n_rows]
+            rules.select(buf, n_rows, sample)
+            self._steps(rules, shape, sample, new_max)
+            width = min(buf.out_tok.shape[1], int(max_new.max()) + 1)
+            host = [x[:n].to("cpu") for x in (buf.out_tok[:, :width], buf.out_lp[:, :width],
+                                             buf.n_gen, buf.looped, no_speech)]
+            buf.n_forced[:n_rows].zero_()  # the engine's other decoders force nothing
+        tok, lp, n_gen, looped, nsp = host
+        self.n_decode_calls += 1
+        self.n_rows_decoded += n
+        return [self._result(r, tok[b, : n_gen[b]].tolist(), float(lp[b].sum()), float(nsp[b]),
+                             options.temperature, bool(looped[b]))
+                for b, r in enumerate(rows)]
+
+    def _steps(self, rules, shape: StepShape, sample: bool, new_max: int) -> None:
+        """Decode chunks until every row is done; on CUDA the host reads the done flag of the
+        chunk before the one just queued, so it never waits on the step it launched."""
+        eng, buf = self.batched, self.batched.buf
+        n_steps, k, prev_ev = 1, 0, None
+        while n_steps < new_max:
+            eng._replay(rules, shape, sample)
+            n_steps += eng.config.chunk_steps
+            if not eng.cuda:
+                if bool(buf.all_done):
+                    break
+                continue
+            eng._flags[k % 2].copy_(buf.all_done, non_blocking=True)
+            ev = torch.cuda.Event()
+            ev.record(eng.streams["decode"])
+            if prev_ev is not None:
+                prev_ev.synchronize()
+                if bool(eng._flags[(k - 1) % 2]):
+                    break
+            prev_ev, k = ev, k + 1
+
+    def _result(self, row: _Row, tokens: list[int], sum_lp: float, no_speech: float,
+                temperature: float, looped: bool) -> DecodeResult:
+        ts = self.tokenizer.special.timestamp_begin
+        m = len(row.prefix)
+        n_new = len(tokens) - m
+        capped = not looped and row.max_new > 0 and n_new >= row.max_new
+        if capped:  # out of budget: cut a repeating tail, as decode_window does
+            keep = periodic_tail_start([min(x, ts) for x in tokens[m:]])
+            if keep is not None:
+                tokens, looped = tokens[: m + keep], True
+        text = self.tokenizer.decode([x for x in tokens if x < ts])
+        return DecodeResult(tuple(tokens), sum_lp, sum_lp / (n_new + 1), no_speech, temperature,
+                            compression_ratio(text), looped, capped)

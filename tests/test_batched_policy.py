@@ -1,0 +1,124 @@
+"""The daemon's streaming policy on the batched engine (CPU, float32: runs in CI).
+
+Several channels' recognisers, each with its own state, decode through one
+:class:`~subd.gpu.batcher.BatchingEngine`: their windows go to the GPU engine's code as one
+batch. A viewer must see the same captions as with one single-stream engine per channel.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from subd.gpu.batcher import BatchingEngine
+from subd.models.batched_window import WindowEngine, WindowJob
+from subd.models.engine import DEFAULT_OPTIONS, EncoderSpan, FallbackPolicy
+from subd.recognise.streaming import StreamingRecognizer
+from subd.sources.decode import load_audio
+from subd.types import AudioChunk
+
+GREEDY = FallbackPolicy(temperatures=(0.0,))
+SPAN = EncoderSpan(2000, 4000)
+STEP_S = 1.0  # audio per update, all channels in step (a fixed cadence: reproducible)
+
+
+@pytest.fixture(scope="module")
+def clips(speech_clips) -> list[np.ndarray]:
+    return [load_audio(c.path) for c in speech_clips[:3]]
+
+
+@pytest.fixture(scope="module")
+def windows(engine) -> WindowEngine:
+    return WindowEngine(engine.loaded, "cpu", max_rows=4)
+
+
+def test_windows_with_prompt_and_forced_prefix_equal_the_single_stream_engine(
+        engine, windows, clips):
+    tok = engine.tokenizer
+    jobs = []
+    for i, audio in enumerate(clips):
+        cut = audio[: int(len(audio) * 0.8)]
+        prefix: tuple[int, ...] = ()
+        if i > 0:  # the first words, as committed by an earlier window, forced
+            first = [w.text.strip() for w in engine.transcribe_window(cut[:48_000]).words[:3]]
+            prefix = (tok.special.timestamp_begin, *tok.encode(" " + " ".join(first)))
+        prompt = None if i == 1 else tok.encode(" Earlier words of the stream.")
+        jobs.append(WindowJob(cut, prompt, GREEDY, dataclasses.replace(
+            DEFAULT_OPTIONS, max_new_tokens=60), prefix, None, SPAN))
+    got = windows.transcribe(jobs)
+    for job, res in zip(jobs, got, strict=True):
+        ref = engine.transcribe_window(job.audio, job.previous, job.policy, job.options,
+                                       job.prefix, span=job.span)
+        assert res.decode.tokens == ref.decode.tokens
+        assert res.decode.capped == ref.decode.capped
+        assert res.prefix_used == ref.prefix_used and res.is_speech == ref.is_speech
+        assert [w.text for w in res.words] == [w.text for w in ref.words]
+        for a, b in zip(res.words, ref.words, strict=True):
+            assert abs(a.start_s - b.start_s) <= 0.021 and abs(a.end_s - b.end_s) <= 0.021
+    assert windows.n_decode_calls >= 1
+
+
+def _stream(recognizers, audios, run_step):
+    """Feed every channel STEP_S of its audio, then one update each (together), to the end."""
+    step = int(STEP_S * 16_000)
+    longest = max(len(a) for a in audios)
+    committed = [[] for _ in recognizers]
+    for end in range(step, longest + step, step):
+        for rec, audio in zip(recognizers, audios, strict=True):
+            lo = end - step
+            if lo < len(audio):
+                rec.accept(AudioChunk(lo, audio[lo:min(end, len(audio))]))
+        for i, hyp in enumerate(run_step([rec.update for rec in recognizers])):
+            committed[i] += [w.text for w in hyp.committed]
+    for i, hyp in enumerate(run_step([rec.finish for rec in recognizers])):
+        committed[i] += [w.text for w in hyp.committed]
+    return committed
+
+
+def _serial(calls):
+    return [c() for c in calls]
+
+
+def test_streaming_policy_batched_gives_every_channel_the_serial_captions(
+        engine, windows, clips):
+    opts = dict(min_update_ms=400, encoder_pad_ms=2000)
+    serial = [StreamingRecognizer(engine=engine, **opts) for _ in clips]
+    want = _stream(serial, clips, _serial)
+    shared = BatchingEngine(windows)
+
+    def together(calls):
+        out = shared.run(calls)
+        assert all(ok for ok, _ in out), [v for ok, v in out if not ok]
+        return [v for _, v in out]
+
+    batched = [StreamingRecognizer(engine=shared, **opts) for _ in clips]
+    got = _stream(batched, clips, together)
+    assert got == want
+    assert all(len(words) >= 5 for words in got), got
+    # the channels' decodes went out together, not one by one
+    assert shared.stats.mean_batch > 1.5
+    shared.close()
+
+
+def test_a_failing_channel_does_not_stall_or_change_the_others(engine, windows, clips):
+    shared = BatchingEngine(windows)
+    opts = dict(min_update_ms=400)
+    good = [StreamingRecognizer(engine=shared, **opts) for _ in clips[:2]]
+    ref = [StreamingRecognizer(engine=engine, **opts) for _ in clips[:2]]
+    n = 3 * 16_000
+    for rec, audio in zip(good + ref, clips[:2] * 2, strict=True):
+        rec.accept(AudioChunk(0, audio[:n]))
+
+    def broken():
+        raise RuntimeError("channel c fell over")
+
+    out = shared.run([good[0].update, broken, good[1].update])
+    assert [ok for ok, _ in out] == [True, False, True]
+    assert "fell over" in str(out[1][1])
+    for (_, hyp), r in zip([out[0], out[2]], ref, strict=True):
+        want = r.update()
+        assert [w.text for w in hyp.committed + hyp.tentative] == \
+            [w.text for w in want.committed + want.tentative]
+    shared.close()
