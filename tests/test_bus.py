@@ -25,6 +25,7 @@ from bus_helpers import (
     words_by_index,
 )
 from daemon_helpers import wait_for
+from test_systemd_units import UNITS, _settings, _verify, analyze_works  # noqa: F401 - fixture
 
 from subd.config import BusConfig, config_from_dict
 from subd.errors import ConfigError
@@ -71,6 +72,15 @@ def test_bus_section_is_validated_at_load():
         with pytest.raises(ConfigError, match=r"\[bus\]") as err:
             config_from_dict({"bus": table})
         assert words in str(err.value) and "\n" not in str(err.value)
+
+
+def test_edge_unit_verifies_and_runs_subd_edge(analyze_works):  # noqa: F811 - the fixture
+    unit = UNITS / "subd-edge.service"
+    result = _verify(unit)
+    assert result.returncode == 0 and result.stderr.strip() == "", result.stderr
+    s = _settings(unit)
+    assert s["ExecStart"] == ["/usr/bin/env subd edge --bus ${SUBD_BUS} --listen ${SUBD_LISTEN}"]
+    assert s["DynamicUser"] == ["yes"] and s["Restart"] == ["always"]
 
 
 def test_both_edges_publish_each_tick_at_its_due_time(cluster):
