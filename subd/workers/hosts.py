@@ -182,9 +182,11 @@ class TagResult:
 def make_punct_stream(**config: Any) -> StreamTagger:
     """The CRF tagger behind subd.punct.stream, with its shipped weights."""
     from subd.models.punct import PunctTagger
+    from subd.punct.marks import ScriptTagger
     from subd.punct.stream import PunctConfig, PunctStream
 
-    return PunctStream(PunctTagger.load(), PunctConfig(**config) if config else None)
+    # Chinese and Japanese words keep the recogniser's marks (subd.punct.marks)
+    return PunctStream(ScriptTagger(PunctTagger.load()), PunctConfig(**config) if config else None)
 
 
 def resolve_tagger(spec: str) -> FactorySpec | None:
