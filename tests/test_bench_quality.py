@@ -1,0 +1,61 @@
+"""``subd bench quality``: its scoring counts what a viewer notices, and a short run prints every
+column and writes the plot (figures are not asserted: they are the benchmark's)."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import numpy as np
+
+from subd.bench.quality import SpeechSet, build_set, score_words
+from tests.test_bench_smoke import bench
+
+
+def _set(text: str, marks: list[str | None]) -> SpeechSet:
+    words = text.split()
+    return SpeechSet("t", np.zeros(16000, np.float32), words, marks)
+
+
+def test_a_dropped_span_is_three_or_more_reference_words_missing():
+    ref = _set("ask not what your country can do for you", [""] * 8 + ["."])
+    one = score_words(ref, [(w, "") for w in "ask not your country can do for you".split()])
+    three = score_words(ref, [(w, "") for w in "ask not can do for you".split()])
+    garbled = score_words(ref, [(w, "") for w in "ask not what you are country can do for you"
+                                .split()])
+    assert one.dropped == [] and one.wer_pct == 100 / 9
+    assert three.dropped == ["what your country"]
+    assert garbled.dropped == [] and garbled.wer_pct > 0  # an error, but nothing dropped
+
+
+def test_a_full_stop_inside_a_sentence_is_counted_and_scores_the_marks():
+    ref = _set("ask not what your country can do for you", [""] * 8 + ["."])
+    live = score_words(ref, [("ask", ""), ("not", "."), ("What", ""), ("your", ""),
+                             ("country", ""), ("can", ""), ("do", ""), ("for", ""), ("you", ".")])
+    assert live.stops_inside == 1
+    assert live.f1["."] == 2 * 0.5 * 1.0 / 1.5
+    own = score_words(ref, [(w, None) for w in "ask not what your country can do for you."
+                            .split()])
+    assert own.stops_inside == 0 and own.f1["."] == 1.0 and own.wer_pct == 0.0
+
+
+def test_the_sets_are_disjoint_and_carry_the_books_punctuation(speech_clips):
+    dev, held = build_set("dev", ("librivox/0870",)), build_set("heldout", ("librivox/0880",
+                                                                            "cards/001"))
+    assert dev.words[:3] == ["and", "mister", "john"] and dev.marks[-1] == "."
+    assert held.marks[:7] == ["", "", "", "", "", "", ""] and held.marks[7] == "."
+    assert held.marks[-3:] == [None] * 3  # the cards clips have no punctuated reference
+    assert len(held.audio) > len(dev.audio) / 3
+
+
+def test_bench_quality_prints_offline_and_every_d_and_writes_the_plot(tmp_path, speech_clips):
+    plot, out_json = tmp_path / "q.png", tmp_path / "q.json"
+    out = bench("quality", "--latencies", "1000,2000", "--sets", "heldout", "--max-clips", "1",
+                "--plot", str(plot), "--json", str(out_json), timeout_s=600)
+    rows = re.findall(r"^\s+(offline|\d+)\s+([\d.]+)\s+([\d.]+) ([\d.]+) ([\d.]+)\s+(\d+)\s+(\d+)"
+                      r"\s+([\d.]+|-)", out, re.M)
+    assert [r[0] for r in rows] == ["offline", "1000", "2000"]
+    figures = json.loads(out_json.read_text())["heldout"]
+    assert figures["2000"]["latency_s"]["p50"] >= 2.0  # never before D
+    assert figures["offline"]["latency_s"] == {}
+    assert plot.stat().st_size > 10_000
