@@ -4,12 +4,14 @@ The page (overlay.html, package data) opens ``/events`` with EventSource and sho
 text with the tentative tail styled apart, on a transparent background. Query parameters:
 
 =========  ==========================================================  =========
-font       CSS font family                                             sans-serif
+font       CSS font family                                  Noto Sans + CJK faces
+lang       zh | ja | ... : the page's language (ja: Japanese glyph forms)  (none)
 size       font size in px (6..300)                                    36
 color      CSS colour of the text                                      #ffffff
 position   top | middle | bottom                                       bottom
 lines      lines shown (1..8)                                          2
 chars      characters per line (10..120)                               42
+cjk_chars  characters per line of Chinese/Japanese text (4..60)        16
 mode       rollup (words as committed) | popon (whole cues)            rollup
 delay      playout delay L of the program, ms (0..600000)              0
 lead       show words this many ms before they are heard (0..10000)    150
@@ -35,11 +37,13 @@ _RANGES = {
     "size": (6, 300),
     "lines": (1, 8),
     "chars": (10, 120),
+    "cjk_chars": (4, 60),
     "delay": (0, 600_000),
     "lead": (0, 10_000),
 }
 _CHOICES = {"position": ("top", "middle", "bottom"), "mode": ("rollup", "popon"),
             "box": ("0", "1"), "debug": ("0", "1")}
+_LANG = re.compile(r"^[a-z]{2,3}(-[A-Za-z]{2,4})?$")
 _SAFE_TEXT = re.compile(r"^[#\w ,.'\"()%/:-]{1,120}$")
 
 
@@ -61,6 +65,8 @@ def check_query(query: dict[str, str]) -> str | None:
     for key, choices in _CHOICES.items():
         if key in query and query[key] not in choices:
             return f"overlay: {key}={query[key]!r} must be one of {', '.join(choices)}"
+    if "lang" in query and not _LANG.match(query["lang"]):
+        return f"overlay: lang={query['lang']!r} is not a language code (zh, ja, zh-Hant)"
     for key in ("font", "color", "events"):
         if key in query and not _SAFE_TEXT.match(query[key]):
             return f"overlay: {key}={query[key]!r} has characters that are not allowed"
