@@ -216,3 +216,23 @@ def test_a_redis_restart_loses_no_tick(tmp_path, aof):
         edge.stop()
         daemon.stop()
         redis.stop()
+
+
+def test_bench_edge_prints_both_setups(tmp_path):
+    """`subd bench edge` (smoke: few clients and ticks): a row through the bus and one without,
+    with figures, the memory samples and the stream's length."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "subd.cli", "bench", "edge", "--clients", "10",
+                          "--ticks", "60", "--warmup", "30"], capture_output=True, text=True,
+                         timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    rows = {line.split()[0]: line.split() for line in out.stdout.splitlines()
+            if line.split()[:1] in (["on"], ["off"])}
+    assert set(rows) == {"on", "off"}
+    on = rows["on"]
+    assert on[1] == "2" and on[2] == "20" and float(on[5]) > 0  # 2 edges, 20 clients, p99
+    assert 0 < int(on[9]) <= 400  # the stream is trimmed (MAXLEN ~ 300 in the bench)
+    assert "RSS bus on (connected -> mid-run -> end): daemon" in out.stdout
+    assert "p99 over all reading clients through the bus" in out.stdout
