@@ -32,6 +32,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="processes sharing the writing to viewers, per channel (as "
                    "[sinks.sse] fanout_workers)")
     p.add_argument("--max-clients", type=int, default=4096, help="viewers per channel")
+    p.add_argument("--history-ticks", type=int, default=9000,
+                   help="ticks kept per channel for Last-Event-ID replay, read from the stream "
+                   "when the edge starts following it (default: [bus] stream_maxlen's)")
     p.add_argument("--cors-origin", action="append", default=[],
                    help="allowed Origin of a page reading the events (repeatable; * = any)")
     p.set_defaults(func=run)
@@ -45,6 +48,7 @@ def edge_config(args: argparse.Namespace) -> object:
     bus = build_section("bus", BusConfig, {"url": args.bus, "prefix": args.prefix})
     sse = SSEConfig.from_mapping({"fanout_workers": args.fanout_workers,
                                   "max_clients": args.max_clients,
+                                  "history_ticks": args.history_ticks,
                                   "cors_origins": list(args.cors_origin)}, "edge")
     host, port = args.listen
     return EdgeConfig(bus.url, host, port, bus.prefix, sse=sse)

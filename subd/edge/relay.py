@@ -79,21 +79,23 @@ class ChannelFollower:
         self.last_unix_ns = 0  # due_unix_ns of the latest tick released
         self.keep_release_times = False  # tests, bench: (k, release - due) of every tick
         self.release_errors: list[tuple[int, int]] = []
-        self._queue: asyncio.Queue[CaptionState] = asyncio.Queue()
+        self._queue: asyncio.Queue[CaptionState | None] = asyncio.Queue()
         self._clock = MonotonicClock()
 
     async def follow(self) -> None:
         """Read the stream for ever (reconnecting when Redis is away)."""
         last_id: bytes | str = "0-0"
+        history_read = False
         while True:
             try:
-                if not self.primed.is_set():
+                if not history_read:
                     recent = await self.redis.xrevrange(self.keys.stream,
                                                         count=self.sink.config.history_ticks)
                     if recent:
                         last_id = recent[0][0]
                     self._take(reversed(recent))
-                    self.primed.set()
+                    self._queue.put_nowait(None)  # primed once the release loop is here
+                    history_read = True
                 got = await self.redis.xread({self.keys.stream: last_id}, count=READ_COUNT,
                                              block=READ_BLOCK_MS)
                 self._set_up(True)
@@ -123,6 +125,9 @@ class ChannelFollower:
         try:
             while True:
                 state = await self._queue.get()
+                if state is None:  # the stream's history is in the sink: viewers may come
+                    self.primed.set()
+                    continue
                 await self._clock.sleep_until(state.due_ns - SPIN_NS, precise=False)
                 self.sink.prepare(state)
                 sent_ns = await self._clock.sleep_until(state.due_ns)

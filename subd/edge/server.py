@@ -38,7 +38,9 @@ class EdgeConfig:
     port: int = 8766
     prefix: str = "subd"
     max_channels: int = 256
-    sse: SSEConfig = field(default_factory=lambda: SSEConfig(fanout_workers=1))
+    # replay: as many ticks as a stream keeps by default ([bus] stream_maxlen), ~3 MB a channel
+    sse: SSEConfig = field(default_factory=lambda: SSEConfig(fanout_workers=1,
+                                                             history_ticks=9000))
 
 
 class Edge:
