@@ -105,7 +105,7 @@ class _Procs:
             self.stop(proc)
 
 
-def _daemon_config(port: int, bus_url: str) -> str:
+def _daemon_config(port: int, bus_url: str, workers: int) -> str:
     # a short stream: the bench runs long enough to show MAXLEN ~ holding it
     bus = f'[bus]\nurl = "{bus_url}"\nstream_maxlen = {STREAM_MAXLEN}\n' if bus_url else ""
     return f"""
@@ -121,7 +121,7 @@ port = {port}
 [sinks]
 enabled = ["sse"]
 [sinks.sse]
-fanout_workers = 1
+fanout_workers = {workers}
 max_clients = 4096
 {bus}"""
 
@@ -139,7 +139,8 @@ def _run_once(tmp: Path, args: argparse.Namespace, bus: bool) -> dict[str, Any]:
                                           "--appendonly", "no", "--daemonize", "no"])
         port = _free_port()
         config = tmp / f"daemon-{'bus' if bus else 'direct'}.toml"
-        config.write_text(_daemon_config(port, bus_url))
+        # bus on, the daemon's own SSE has no clients: no fan-out worker of its own either
+        config.write_text(_daemon_config(port, bus_url, 0 if bus else args.workers))
         daemon = procs.start("daemon", [*py, "run", "--config", str(config)])
         _wait(lambda: (_json(port, "/healthz")["channels"]["main"]["last_tick"] or 0) > 0,
               START_LIMIT_S, "the daemon's first tick")
@@ -149,7 +150,8 @@ def _run_once(tmp: Path, args: argparse.Namespace, bus: bool) -> dict[str, Any]:
                 edge_port = _free_port()
                 edge = procs.start(f"edge{i}", [
                     *py, "edge", "--bus", bus_url, "--listen", f"127.0.0.1:{edge_port}",
-                    "--fanout-workers", "1", "--max-clients", str(args.clients + 64)])
+                    "--fanout-workers", str(args.workers), "--max-clients",
+                    str(args.clients + 64)])
                 servers.append((edge, edge_port, "/c/main/events"))
             for _, edge_port, _ in servers:  # the first request makes it follow the channel
                 _wait(lambda p=edge_port: urllib.request.urlopen(
@@ -234,8 +236,9 @@ def _xlen(port: int) -> int:
 def run(args: argparse.Namespace) -> int:
     from subd.errors import UserError
 
-    if args.clients < 2 or args.ticks < 60 or args.warmup < 0:
-        raise UserError("edge: need --clients >= 2, --ticks >= 60, --warmup >= 0")
+    if args.clients < 2 or args.ticks < 60 or args.warmup < 0 or not 0 <= args.workers <= 64:
+        raise UserError("edge: need --clients >= 2, --ticks >= 60, --warmup >= 0, --workers "
+                        "in 0..64")
     if shutil.which("redis-server") is None:
         raise UserError("edge: redis-server is not installed (scripts/install-deps.sh)")
     limit = raise_fd_limit(2 * args.clients + 512)
@@ -247,8 +250,8 @@ def run(args: argparse.Namespace) -> int:
         for bus in (True, False):
             rows.append(_run_once(Path(tmp), args, bus))
     print(f"subd bench edge: {args.ticks} measured ticks at 30 fps after {args.warmup}, "
-          f"{args.clients} clients per edge (half never reading), servers SCHED_FIFO="
-          f"{realtime}, {os.cpu_count()} CPUs")
+          f"{args.clients} clients per edge (half never reading), {args.workers} fan-out "
+          f"workers per server, servers SCHED_FIFO={realtime}, {os.cpu_count()} CPUs")
     print("publish-time error (ms after due_ns): every event at every reading client, by its "
           "kernel arrival stamp; worst: the p99 of the reader whose p99 is highest. RSS in MB, "
           "each server with its fan-out workers (the daemon with its stage processes):")
@@ -281,4 +284,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--warmup", type=int, default=240,
                    help="ticks before the measured ones: the idle clients' buffers fill and "
                    "they are dropped meanwhile (~6 s)")
+    p.add_argument("--workers", type=int, default=1,
+                   help="fan-out worker processes of each server (the edges; bus off, the "
+                   "daemon's [sinks.sse] fanout_workers)")
     p.set_defaults(func=run)
