@@ -58,7 +58,6 @@ class Edge:
         cfg = self.config
         self.redis = connect(cfg.bus_url)
         self._stack.push_async_callback(self.redis.aclose)
-        self._stack.push_async_callback(self._stop_followers)
         app = make_app(HttpLimits(), None)
         app[EDGE_KEY] = self
         r = app.router
@@ -69,6 +68,8 @@ class Edge:
         runner = web.AppRunner(app, access_log=None)
         await runner.setup()
         self._stack.push_async_callback(runner.cleanup)
+        # first: the sinks end their viewers' responses, so the server's shutdown need not wait
+        self._stack.push_async_callback(self._stop_followers)
         site = web.TCPSite(runner, cfg.host, cfg.port)
         try:
             await site.start()
