@@ -190,6 +190,8 @@ def _run_once(tmp: Path, args: argparse.Namespace, bus: bool) -> dict[str, Any]:
               (args.warmup + args.ticks) / 30 + 60, "the measured ticks")
         rss_end = {name: _tree_rss_mb(pid) for name, pid in pids.items()}
         xlen = _xlen(redis_port) if bus else 0
+        release_p99 = [_json(p, "/healthz")["channels"]["main"]["release_p99_ms"]
+                       for _, p, _ in servers] if bus else []
         for proc, _, _ in dict.fromkeys(servers):  # closing the servers ends the bulk readers
             procs.stop(proc)
         readers: list[list[int]] = []
@@ -209,7 +211,7 @@ def _run_once(tmp: Path, args: argparse.Namespace, bus: bool) -> dict[str, Any]:
                     every_p99_ms=percentile(every_ms, 0.99), every_max_ms=max(every_ms),
                     worst_p99_ms=max(percentile(r, 0.99) for r in readers) / NS_PER_MS,
                     rss_connected=rss_connected, rss_middle=rss_middle, rss_end=rss_end,
-                    xlen=xlen,
+                    xlen=xlen, release_p99=release_p99,
                     rejoined=rejoined, n_events=len(every_ms))
     finally:
         procs.stop_all()
@@ -268,6 +270,8 @@ def run(args: argparse.Namespace) -> int:
                         f"{r['rss_middle'][name]:.0f} -> {r['rss_end'][name]:.0f}"
                         for name in r["rss_end"])
         print(f"RSS bus {'on' if r['bus'] else 'off'} (connected -> mid-run -> end): {mem}")
+    print("the edges' own release error p99 (end of the spin to T(k), ms, last 300 ticks): "
+          + ", ".join(f"{v:.3f}" for v in rows[0]["release_p99"] if v is not None))
     print(f"stream length at the end: {rows[0]['xlen']} entries ([bus] stream_maxlen = "
           f"{STREAM_MAXLEN} here, MAXLEN ~ trims in whole nodes)")
     on, off = rows

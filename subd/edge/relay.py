@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import deque
 from typing import Any
 
 from redis.exceptions import RedisError
@@ -32,6 +33,7 @@ log = logging.getLogger("subd.edge")
 READ_BLOCK_MS = 1000
 READ_COUNT = 256
 DOWN_RETRY_S = 0.2
+RELEASE_ERRORS_KEPT = 300
 
 
 class RelaySink(SSESink):
@@ -74,11 +76,11 @@ class ChannelFollower:
         self.sink = sink
         self.primed = asyncio.Event()  # the stream's recent history is in the sink
         self.up = True
-        self.n_late = 0  # ticks that arrived after their due time
+        self.n_late = 0  # ticks released more than SPIN_NS after their due time
         self.n_released = 0
         self.last_unix_ns = 0  # due_unix_ns of the latest tick released
-        self.keep_release_times = False  # tests, bench: (k, release - due) of every tick
-        self.release_errors: list[tuple[int, int]] = []
+        # release time - due time of the latest ticks that came in time (/healthz)
+        self.release_errors_ns: deque[int] = deque(maxlen=RELEASE_ERRORS_KEPT)
         self._queue: asyncio.Queue[CaptionState | None] = asyncio.Queue()
         self._clock = MonotonicClock()
 
@@ -135,11 +137,19 @@ class ChannelFollower:
                 self.n_released += 1
                 if sent_ns - state.due_ns > SPIN_NS:
                     self.n_late += 1
-                if self.keep_release_times:
-                    self.release_errors.append((state.k, sent_ns - state.due_ns))
+                if self.primed.is_set():
+                    self.release_errors_ns.append(sent_ns - state.due_ns)
                 PACER.after_publish()
         finally:
             PACER.release()
+
+    def release_error_ms(self, q: float) -> float | None:
+        """The q-quantile of this edge's own release error (its spin's end minus T(k)) over
+        the latest ticks; None before any."""
+        if not self.release_errors_ns:
+            return None
+        ordered = sorted(self.release_errors_ns)
+        return ordered[min(len(ordered) - 1, int(q * len(ordered)))] / 1e6
 
     def _set_up(self, up: bool, exc: BaseException | None = None) -> None:
         if up == self.up:

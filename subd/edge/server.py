@@ -24,7 +24,7 @@ from subd.errors import ConfigError
 from subd.server.overlay import handle_overlay
 from subd.server.safety import HttpLimits, make_app
 from subd.sinks.sse.wire import SSEConfig, options_response
-from subd.tasks import cancel_and_wait
+from subd.tasks import cancel_and_wait, start_task
 
 log = logging.getLogger("subd.edge")
 PRIME_WAIT_S = 5.0
@@ -52,7 +52,6 @@ class Edge:
         self._lock = asyncio.Lock()
         self._stack = AsyncExitStack()
         self.port: int | None = None
-        self.keep_release_times = False  # tests and the bench read each follower's errors
 
     async def start(self) -> None:
         cfg = self.config
@@ -108,10 +107,9 @@ class Edge:
             sink = RelaySink(self.config.sse)
             await sink.start()
             follower = ChannelFollower(self.redis, keys, name, sink)
-            follower.keep_release_times = self.keep_release_times
             self.followers[name] = follower
-            self._tasks += [asyncio.create_task(follower.follow(), name=f"follow:{name}"),
-                            asyncio.create_task(follower.release(), name=f"release:{name}")]
+            self._tasks += [start_task(follower.follow(), f"follow:{name}"),
+                            start_task(follower.release(), f"release:{name}")]
             log.info("edge: following channel %s", name)
             return follower
 
@@ -145,7 +143,9 @@ class Edge:
     async def _health(self, request: web.Request) -> web.Response:
         channels = {name: {"bus_up": f.up, "last_k": f.sink.last_k,
                            "clients": f.sink.n_clients, "released": f.n_released,
-                           "late": f.n_late} for name, f in self.followers.items()}
+                           "late": f.n_late, "release_p50_ms": f.release_error_ms(0.5),
+                           "release_p99_ms": f.release_error_ms(0.99)}
+                    for name, f in self.followers.items()}
         up = all(f.up for f in self.followers.values())
         return web.json_response({"status": "ok" if up else "degraded", "channels": channels},
                                  status=200 if up else 503)
