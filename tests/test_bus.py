@@ -236,3 +236,43 @@ def test_bench_edge_prints_both_setups(tmp_path):
     assert 0 < int(on[9]) <= 400  # the stream is trimmed (MAXLEN ~ 300 in the bench)
     assert "RSS bus on (connected -> mid-run -> end): daemon" in out.stdout
     assert "p99 over all reading clients through the bus" in out.stdout
+
+
+def test_a_daemon_that_lost_its_lease_cannot_write(tmp_path):
+    """Fencing: the publishing script checks the lease on every write. A holder cut off while
+    its lease expired and another daemon took the channel never writes over the new holder's
+    ticks, and learns that it lost the channel."""
+    import asyncio
+
+    from subd.bus.lease import ChannelLease
+    from subd.bus.publisher import BusPublisher
+    from subd.bus.stream import ChannelKeys, connect
+    from subd.types import CaptionState
+
+    redis = RedisProc(tmp_path).start()
+
+    async def main() -> None:
+        client = connect(redis.url)
+        keys = ChannelKeys.of("subd", "main")
+        old = ChannelLease(client, keys, 1000, "main")
+        await client.set(keys.lease, old.token, px=1000)  # it held the channel ...
+        old.held = True
+        publisher = BusPublisher(BusConfig(url=redis.url), old)
+        await publisher.start()
+        publisher.prepare(CaptionState(0, time.monotonic_ns() + 50 * MS, 0))
+        await asyncio.sleep(0.3)
+        assert await client.xlen(keys.stream) == 1 and not old.lost.is_set()
+        await client.set(keys.lease, "another-daemon:1:x", px=1000)  # ... then lost it
+        publisher.prepare(CaptionState(1, time.monotonic_ns() + 50 * MS, 0))
+        await asyncio.wait_for(old.lost.wait(), 5)
+        assert await client.xlen(keys.stream) == 1, "a lost lease wrote a tick"
+        publisher.prepare(CaptionState(2, time.monotonic_ns() + 50 * MS, 0))
+        await asyncio.sleep(0.3)
+        assert await client.xlen(keys.stream) == 1
+        await publisher.close()
+        await client.aclose()
+
+    try:
+        asyncio.run(main())
+    finally:
+        redis.stop()
