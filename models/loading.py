@@ -380,10 +380,6 @@ def load_model(name_or_path: str = "tiny.en") -> LoadedModel:
         )
     if path.is_dir() and any(path.glob("*.safetensors")):
         return _load_hf_dir(path)
-    if path.is_dir() and (path / "weights_int8.pt").is_file():
-        from subd.models.portable import load_portable  # it imports this module
-
-        return load_portable(path)
     raise ModelError(
         f"{path}: not a model (expected a CTranslate2 directory with model.bin, a .safetensors "
         "directory, or an openai-whisper .pt file)"

@@ -121,6 +121,9 @@ class RecognizerConfig:
         if self.device.startswith("cuda") and not nvidia_present():
             raise ConfigError(f"[recognizer] device = {self.device!r}: CUDA is not available: "
                               "no NVIDIA driver on this machine")
+        if self.batched == "off" and self.device.startswith("cuda"):
+            raise ConfigError("[recognizer] batched = \"off\": the serial recogniser runs on "
+                              "the CPU; device cuda needs batched = \"auto\" or \"on\"")
         if self.precision == "int8" and self.device.startswith("cuda"):
             raise ConfigError("[recognizer] precision: int8 runs on the CPU only "
                               "(use fp16 or bf16 on CUDA)")

@@ -11,6 +11,7 @@ import dataclasses
 
 import numpy as np
 import pytest
+from batched_helpers import serial, stream_in_steps, together
 
 from subd.gpu.batcher import BatchingEngine
 from subd.models.batched_window import WindowEngine, WindowJob
@@ -21,7 +22,6 @@ from subd.types import AudioChunk
 
 GREEDY = FallbackPolicy(temperatures=(0.0,))
 SPAN = EncoderSpan(2000, 4000)
-STEP_S = 1.0  # audio per update, all channels in step (a fixed cadence: reproducible)
 
 
 @pytest.fixture(scope="module")
@@ -60,41 +60,14 @@ def test_windows_with_prompt_and_forced_prefix_equal_the_single_stream_engine(
     assert windows.n_decode_calls >= 1
 
 
-def _stream(recognizers, audios, run_step):
-    """Feed every channel STEP_S of its audio, then one update each (together), to the end."""
-    step = int(STEP_S * 16_000)
-    longest = max(len(a) for a in audios)
-    committed = [[] for _ in recognizers]
-    for end in range(step, longest + step, step):
-        for rec, audio in zip(recognizers, audios, strict=True):
-            lo = end - step
-            if lo < len(audio):
-                rec.accept(AudioChunk(lo, audio[lo:min(end, len(audio))]))
-        for i, hyp in enumerate(run_step([rec.update for rec in recognizers])):
-            committed[i] += [w.text for w in hyp.committed]
-    for i, hyp in enumerate(run_step([rec.finish for rec in recognizers])):
-        committed[i] += [w.text for w in hyp.committed]
-    return committed
-
-
-def _serial(calls):
-    return [c() for c in calls]
-
-
 def test_streaming_policy_batched_gives_every_channel_the_serial_captions(
         engine, windows, clips):
     opts = dict(min_update_ms=400, encoder_pad_ms=2000)
-    serial = [StreamingRecognizer(engine=engine, **opts) for _ in clips]
-    want = _stream(serial, clips, _serial)
+    one_by_one = [StreamingRecognizer(engine=engine, **opts) for _ in clips]
+    want = stream_in_steps(one_by_one, clips, serial)
     shared = BatchingEngine(windows)
-
-    def together(calls):
-        out = shared.run(calls)
-        assert all(ok for ok, _ in out), [v for ok, v in out if not ok]
-        return [v for _, v in out]
-
     batched = [StreamingRecognizer(engine=shared, **opts) for _ in clips]
-    got = _stream(batched, clips, together)
+    got = stream_in_steps(batched, clips, together(shared))
     assert got == want
     assert all(len(words) >= 5 for words in got), got
     # the channels' decodes went out together, not one by one

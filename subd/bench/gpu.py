@@ -15,37 +15,22 @@ from __future__ import annotations
 
 import dataclasses
 import time
-import wave
 from pathlib import Path
 
 import numpy as np
 
-from subd.bench.gpu_sim import SimConfig, SimResult, simulate
+from subd.bench.gpu_sim import (  # noqa: F401 - load_library: re-exported for the tests
+    SimConfig,
+    SimResult,
+    load_library,
+    simulate,
+)
 from subd.errors import UserError
 from subd.gpu.scheduler import CostModel
 
-CLIP_DIRS = (Path("/usr/share/pocketsphinx/test/data/librivox"), Path(".benchdata/librivox"))
 BENCH_TEMPERATURES = (0.0, 0.2, 0.4)  # capped fallback; all keep the prompt (≤ 0.5)
 MAX_NEW_TOKENS = 96
 
-
-def load_library(clip_dir: Path | None) -> tuple[np.ndarray, list[np.ndarray]]:
-    dirs = [clip_dir] if clip_dir else [d for d in CLIP_DIRS if d.is_dir()][:1]
-    files = sorted(f for d in dirs for f in d.glob("*.wav"))
-    if not files:
-        raise UserError("no clips: give --clips DIR with 16 kHz mono 16-bit WAV files")
-    clips = []
-    for f in files:
-        try:
-            with wave.open(str(f)) as w:
-                if w.getframerate() != 16_000 or w.getnchannels() != 1 or w.getsampwidth() != 2:
-                    raise UserError(f"{f}: not 16 kHz mono 16-bit WAV")
-                pcm = np.frombuffer(w.readframes(w.getnframes()), dtype=np.int16)
-        except (OSError, wave.Error, EOFError) as exc:
-            raise UserError(f"{f}: unreadable WAV ({exc})") from None
-        clips.append(pcm.astype(np.float32) / 32768.0)
-    gap = np.zeros(4000, dtype=np.float32)  # 0.25 s between clips
-    return np.concatenate([x for c in clips for x in (c, gap)]), clips
 
 
 def load_any(model: str):
@@ -214,6 +199,10 @@ def search(label: str, counts: list[int], make_server, base: SimConfig, n_lib: i
 
 
 def run(args) -> int:
+    if args.policy == "daemon":  # the daemon's own recogniser code (subd.bench.gpu_policy)
+        from subd.bench.gpu_policy import run as run_daemon_policy
+
+        return run_daemon_policy(args)
     import torch
 
     from subd.bench.gpu_checks import front_end_and_transcript_checks, warm_engine
@@ -334,6 +323,13 @@ def register(subparsers) -> None:
                    help="previous text given as the prompt (0: none)")
     p.add_argument("--max-rows", type=int, default=2048, help="largest batch in one round")
     p.add_argument("--log", type=Path, default=None, help="also write the lines here")
+    p.add_argument("--policy", default="daemon", choices=("daemon", "simple"),
+                   help="daemon: the recogniser code subd run runs (policy, cadence, VAD, "
+                        "word timings; subd.bench.gpu_policy); simple: one update per "
+                        "--update-ms over the last --window-s, no prompt (the first bench)")
+    from subd.bench.gpu_policy import register_args
+
+    register_args(p)
     p.set_defaults(func=run)
 
 

@@ -14,12 +14,17 @@ from __future__ import annotations
 
 import threading
 import time
+import wave
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
+from subd.errors import UserError
 from subd.gpu.scheduler import CostModel, GpuScheduler, Update
+
+CLIP_DIRS = (Path("/usr/share/pocketsphinx/test/data/librivox"), Path(".benchdata/librivox"))
 
 SAMPLE_RATE_HZ = 16_000
 NS_PER_MS = 1_000_000
@@ -193,3 +198,22 @@ def _run(cfg: SimConfig, n_library: int, run_round: RoundFn, cost: CostModel | N
         n_first_captions=int(shown.sum()), gpu_util_pct=util.mean,
         busy_pct=100.0 * busy_ns / max(wall, 1), mean_batch=float(np.mean(batches or [0])),
         sample_texts=tuple(samples))
+
+
+def load_library(clip_dir: Path | None) -> tuple[np.ndarray, list[np.ndarray]]:
+    dirs = [clip_dir] if clip_dir else [d for d in CLIP_DIRS if d.is_dir()][:1]
+    files = sorted(f for d in dirs for f in d.glob("*.wav"))
+    if not files:
+        raise UserError("no clips: give --clips DIR with 16 kHz mono 16-bit WAV files")
+    clips = []
+    for f in files:
+        try:
+            with wave.open(str(f)) as w:
+                if w.getframerate() != 16_000 or w.getnchannels() != 1 or w.getsampwidth() != 2:
+                    raise UserError(f"{f}: not 16 kHz mono 16-bit WAV")
+                pcm = np.frombuffer(w.readframes(w.getnframes()), dtype=np.int16)
+        except (OSError, wave.Error, EOFError) as exc:
+            raise UserError(f"{f}: unreadable WAV ({exc})") from None
+        clips.append(pcm.astype(np.float32) / 32768.0)
+    gap = np.zeros(4000, dtype=np.float32)  # 0.25 s between clips
+    return np.concatenate([x for c in clips for x in (c, gap)]), clips

@@ -130,10 +130,11 @@ class StreamServer:
             r = f.result
             silent = (r.no_speech_prob > pol.no_speech_threshold
                       and r.avg_logprob < pol.logprob_threshold)
-            # a greedy-only row (live decoding is greedy, as subd/recognise/streaming.py decodes) shows
-            # nothing if it looped or repeats itself; a low average log-probability alone, which
-            # most 1 s windows have, does not hide it (2026-11-30: hiding those sent 40 % of
-            # first captions to a second update). A full fallback chain shows its last attempt.
+            # a greedy-only row (live decoding is greedy, as subd/recognise/streaming.py
+            # decodes) shows nothing if it looped or repeats itself; a low average
+            # log-probability alone, which most 1 s windows have, does not hide it
+            # (2026-11-30: hiding those sent 40 % of first captions to a second update).
+            # A full fallback chain shows its last attempt.
             capped = not f.accepted and f.n_attempts < len(pol.temperatures)
             junk = r.looped or r.compression_ratio > pol.compression_ratio_threshold
             text = "" if silent or (capped and junk) else eng.text(r)

@@ -43,6 +43,7 @@ from subd.service.channel import (
     WORKER_CLOSE_S,
     DaemonChannel,
 )
+from subd.service.batching import BatchingSharedWorker
 from subd.service.context import ChannelContext
 from subd.service.health import HealthMonitor
 from subd.service.metrics import Metrics
@@ -101,8 +102,25 @@ class Daemon:
 
     # ---- workers (one model for every channel) --------------------------------------------
 
+    def _batched(self) -> bool:
+        """One batched recogniser for every channel (subd.service.batching): on CUDA, or when
+        asked for; never for a custom recogniser factory (it decodes on its own)."""
+        cfg = self.config.recognizer
+        if self.recognizer is not None or cfg.factory or cfg.batched == "off":
+            return False
+        from subd.config import nvidia_present
+
+        return cfg.batched == "on" or cfg.device != "cpu" and nvidia_present()
+
     def _recogniser_worker(self) -> Any:
         cfg = self.config.recognizer
+        if self._batched():
+            recognizer_spec(cfg.model)  # a clear error if the recogniser is not installed
+            host = FactorySpec("subd.service.batching:BatchedMultiplexHost", {
+                "model": cfg.model, "device": cfg.device, "precision": cfg.precision})
+            if cfg.process:
+                return ProcessWorker("recognise", host)
+            return InlineWorker("recognise", host.build(), self.clock)
         preload = None
         if self.recognizer is None and not cfg.factory:
             recognizer_spec(cfg.model)  # a clear error if the recogniser is not installed
@@ -130,7 +148,7 @@ class Daemon:
         for outcome in started:
             if isinstance(outcome, BaseException):
                 raise outcome
-        self.recogniser = SharedWorker(rec)
+        self.recogniser = (BatchingSharedWorker if self._batched() else SharedWorker)(rec)
         self.metrics.model_loaded.set(1)
         self.health.set_model_loaded()
         self.context = ChannelContext(

