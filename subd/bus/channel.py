@@ -56,11 +56,14 @@ class ChannelBus:
         self.lease = ChannelLease(self.redis, keys, self.config.lease_ttl_ms, self.channel)
         return self
 
-    async def acquire(self) -> None:
-        """Wait for the lease (a standby waits here), then keep it renewed."""
+    async def acquire(self, stopping: Any = lambda: False) -> bool:
+        """Wait for the lease (a standby waits here), then keep it renewed; False if
+        ``stopping()`` said so first."""
         assert self.lease is not None
-        await self.lease.acquire()
+        if not await self.lease.acquire(stopping):
+            return False
         self._keeper = asyncio.create_task(self.lease.keep(), name=f"lease:{self.channel}")
+        return True
 
     def publisher(self, sse_options: dict[str, Any] | None) -> BusPublisher:
         """The sink-like writer; ``sse_options``: the channel's [sinks.sse] table, whose
@@ -84,7 +87,8 @@ async def run_held(bus: ChannelBus, channel: Any, run_once: Any) -> None:
     raises :class:`LeaseLost`, so the supervisor restarts the channel, as a standby."""
     async with bus:
         channel.ready.set()  # the daemon serves its other channels meanwhile
-        await bus.acquire()
+        if not await bus.acquire(lambda: channel.stopping):
+            return  # stopped while a standby
         channel.bus = bus
         watcher = asyncio.create_task(_stop_when_lost(bus.lost, channel.abort),
                                       name=f"lease-watch:{bus.channel}")

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from redis.exceptions import RedisError
@@ -57,10 +58,11 @@ class ChannelLease:
         self._release = redis.register_script(RELEASE)
         self._down = False
 
-    async def acquire(self) -> None:
-        """Wait until this daemon holds the channel (a standby waits here)."""
+    async def acquire(self, stopping: Callable[[], bool] = lambda: False) -> bool:
+        """Wait until this daemon holds the channel (a standby waits here); False if
+        ``stopping()`` said so first."""
         said = None
-        while True:
+        while not stopping():
             try:
                 holder = await self._try_take()
                 self._up()
@@ -73,11 +75,12 @@ class ChannelLease:
                 self.lost.clear()
                 log.info("channel %s: lease taken (%s): this daemon runs it", self.channel,
                          self.token)
-                return
+                return True
             if holder != said:
                 said = holder
                 log.info("channel %s: standby, the lease is held by %s", self.channel, holder)
             await asyncio.sleep(self.ttl_ms / 3000)
+        return False
 
     async def _try_take(self) -> str | None:
         """None if taken now; else who holds it (or why it is not taken)."""
