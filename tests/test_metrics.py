@@ -37,7 +37,8 @@ def test_metrics_endpoint_parses_and_carries_per_channel_figures():
     a = metrics.channel("studio", stages=("recognise", "tag"))
     b = metrics.channel("hall")
     a.published(due_ns=100 * MS, sent_ns=100 * MS + 300_000)  # 0.3 ms late: fine
-    a.published(due_ns=133 * MS, sent_ns=133 * MS + 4 * MS, fallback=True)  # 4 ms: a miss
+    a.published(due_ns=133 * MS, sent_ns=133 * MS + 4 * MS, fallback=True,
+                missed=True)  # the scheduler's tolerance said so
     a.published(due_ns=166 * MS, sent_ns=166 * MS - 2 * MS, degraded=True)  # early
     b.published(due_ns=0, sent_ns=200_000)
     a.stage_duration("recognise", 180 * MS)

@@ -220,6 +220,7 @@ class DaemonChannel:
                                      recogniser=rec, tagger=tag, history=history,
                                      sinks=list(self.sinks.values()), events=self.events,
                                      observer=observer, layout=build_layout(d.layout_spec))
+            observer.counters = self.pipeline.counters  # misses as the scheduler counts them
             self._task = asyncio.create_task(self.pipeline.run(), name=f"pipeline:{self.name}")
             try:
                 self.counters = await self._task
@@ -298,6 +299,19 @@ class DaemonChannel:
             for ns in new:
                 m.stage_duration(stage, int(ns))
             self._stage_seen[stage] = durations.count
+
+    def liveness_problem(self, now_ns: int, bound_ns: int) -> str:
+        """'' when this channel's clock publishes on time, or no clock runs by design (waiting
+        for the first audio of a stream, between push streams, backing off before a restart);
+        else what is wrong (the watchdog is then not fed)."""
+        p, task = self.pipeline, self._task
+        if p is None or task is None or task.done() or p.grid is None:
+            return ""
+        k = p.last_published_k + 1
+        due = getattr(p, "_due", p.grid.due_ns)(k)  # a reload's grid switch included
+        if now_ns - due > bound_ns:
+            return f"tick {k} is {(now_ns - due) / 1e9:.1f} s overdue (publisher stalled)"
+        return ""
 
     def _check_live_source(self) -> None:
         inner = self.source.inner if self.source is not None else None

@@ -7,9 +7,12 @@ t0 is set only when everything is ready, so the first tick is not eaten by start
 
 Several channels share ONE recogniser worker process (one model in memory, one recogniser state
 per channel; requests are served one at a time, first come first served) and one tagger
-process. Each channel runs under :class:`~subd.service.supervisor.ChannelSupervisor`, so a failing channel
-is restarted or given up on while the others keep their clock. One channel's life is in
+process; a stage process that dies or hangs is respawned (:mod:`subd.service.stages`) while
+every clock goes on. Each channel runs under
+:class:`~subd.service.supervisor.ChannelSupervisor`, so a failing channel is restarted, with
+capped backoff, while the others keep their clock. One channel's life is in
 :mod:`subd.service.channel`; what is built from the configuration in :mod:`subd.service.build`.
+The systemd watchdog is fed from a liveness check (:meth:`Daemon.liveness_problem`).
 """
 
 from __future__ import annotations
@@ -48,7 +51,8 @@ from subd.service.context import ChannelContext
 from subd.service.health import HealthMonitor
 from subd.service.metrics import Metrics
 from subd.service.notify import Notifier
-from subd.service.supervisor import FAILED, RUNNING, ChannelSupervisor, SharedWorker
+from subd.service.stages import UP, SharedWorker, StagePolicy
+from subd.service.supervisor import FAILED, RUNNING, ChannelSupervisor
 from subd.workers.hosts import FactorySpec, resolve_tagger
 from subd.workers.process import InlineWorker, ProcessWorker
 
@@ -132,23 +136,28 @@ class Daemon:
 
     async def _start_workers(self, stack: AsyncExitStack) -> None:
         cfg = self.config
-        rec = self._recogniser_worker()
+        # a respawned stage loads its model again: it gets the same start limit
+        policy = StagePolicy(start_timeout_s=cfg.recognizer.start_timeout_s)
+        shared_class = BatchingSharedWorker if self._batched() else SharedWorker
+        self.recogniser = shared_class(self._recogniser_worker(), policy=policy,
+                                       on_state=self._on_stage)
         self.tagger_spec = resolve_tagger(cfg.pipeline.tagger)
-        workers = [rec]
+        shared = [self.recogniser]
         if self.tagger_spec is not None and cfg.pipeline.tag_process:
             check = FactorySpec("subd.workers.hosts:TagHost", {"tagger": self.tagger_spec})
             tag = ProcessWorker("tag", FactorySpec("subd.service.supervisor:MultiplexHost",
                                                    {"preload": check}))  # loads, or fails now
-            workers.append(tag)
-            self.tagger = SharedWorker(tag)
-        for worker in workers:
-            stack.push_async_callback(functools.partial(worker.close, WORKER_CLOSE_S))
-        started = await asyncio.gather(*(w.start(cfg.recognizer.start_timeout_s)
-                                         for w in workers), return_exceptions=True)
+            self.tagger = SharedWorker(tag, policy=policy, on_state=self._on_stage)
+            shared.append(self.tagger)
+        for sw in shared:
+            stack.push_async_callback(functools.partial(sw.close, WORKER_CLOSE_S))
+        started = await asyncio.gather(*(sw.worker.start(cfg.recognizer.start_timeout_s)
+                                         for sw in shared), return_exceptions=True)
         for outcome in started:
             if isinstance(outcome, BaseException):
                 raise outcome
-        self.recogniser = (BatchingSharedWorker if self._batched() else SharedWorker)(rec)
+        for sw in shared:
+            self._on_stage(sw.name, UP, "")
         self.metrics.model_loaded.set(1)
         self.health.set_model_loaded()
         self.context = ChannelContext(
@@ -156,6 +165,14 @@ class Daemon:
             notifier=self.notifier, push_token=self.push_token, recogniser=self.recogniser,
             tagger=self.tagger, tagger_spec=self.tagger_spec, layout_spec=self.layout_spec,
             recogniser_spec=self.recognizer)
+
+    def _on_stage(self, name: str, state: str, detail: str) -> None:
+        sw = next((w for w in (self.recogniser, self.tagger) if w and w.name == name), None)
+        self.health.set_stage(name, state, detail, getattr(sw.worker, "pid", None) if sw else None,
+                              sw.restarts if sw else 0)
+        self.metrics.stage_up.labels(name).set(1 if state == UP else 0)
+        if state == UP and detail:
+            self.metrics.stage_restarts.labels(name).inc()
 
     # ---- channels ---------------------------------------------------------------------------
 
@@ -199,6 +216,12 @@ class Daemon:
         cfg = self.config
         try:
             async with AsyncExitStack() as stack:
+                if self.serve is not None:
+                    # the port first: a busy one is a one-line error before any model loads
+                    # or channel starts (routes answer 404/503 until the channels are up)
+                    from subd.server.app import serve_daemon
+
+                    await serve_daemon(self, stack)
                 await self._start_workers(stack)
                 specs = cfg.channel_specs()[:1] if self.source is not None \
                     else cfg.channel_specs()
@@ -208,15 +231,14 @@ class Daemon:
                     self._start_channel(spec)
                 await asyncio.wait([asyncio.ensure_future(ch.ready.wait())
                                     for ch in self.channels.values()])
-                if self.serve is not None:  # every channel's sinks are up: serve them
-                    from subd.server.app import serve_daemon
-
-                    await serve_daemon(self, stack)
                 if any(s.tick.realtime for s in specs):
                     request_realtime_priority()
                 self.notifier.ready(self.status_line())
                 housekeeping = asyncio.create_task(self._housekeeping(), name="housekeeping")
                 stack.callback(housekeeping.cancel)
+                if self.notifier.watchdog_enabled:
+                    watchdog = asyncio.create_task(self._watchdog(), name="watchdog")
+                    stack.callback(watchdog.cancel)
                 await self._wait_channels()
         finally:
             self._finished.set()
@@ -260,6 +282,36 @@ class Daemon:
                     ch.abort()
         await stopper
         await self._finished.wait()
+
+    # ---- the systemd watchdog ----------------------------------------------------------------
+
+    def liveness_problem(self) -> str:
+        """'' when the daemon does its job: this event loop runs (we are here), and every
+        channel's clock publishes on time or the channel is idle by design (waiting for its
+        first audio or its next push stream, backing off before a restart). A stage process
+        that died or hung is not a problem here: it is respawned while the clock goes on."""
+        now_ns = self.clock.now_ns()
+        bound_ns = self.health.limits.stall_after_ns
+        for ch in self.channels.values():
+            why = ch.liveness_problem(now_ns, bound_ns)
+            if why:
+                return f"channel {ch.name}: {why}"
+        return ""
+
+    async def _watchdog(self) -> None:
+        """Feed the watchdog only while :meth:`liveness_problem` finds nothing, checking at a
+        quarter of its timeout (the notifier sends at most every half)."""
+        period_s = self.notifier.watchdog_timeout_ns / 4e9
+        said = ""
+        while True:
+            why = self.liveness_problem()
+            if why:
+                if why != said:
+                    log.error("not feeding the watchdog: %s", why)
+            else:
+                self.notifier.watchdog()
+            said = why
+            await asyncio.sleep(period_s)
 
     # ---- housekeeping -----------------------------------------------------------------------
 

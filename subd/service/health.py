@@ -9,7 +9,8 @@ Whole-daemon status:
   (no tick for ``stall_after_ns``), lags beyond ``max_lag_ns`` or was given up on (failed).
   Restarting the daemon may help, so a supervisor should act on it.
 - ``degraded`` (200): every channel ticks, but some source is down (file vanished, device
-  unplugged, pusher gone). The clock keeps publishing fallbacks; a restart would not help.
+  unplugged, pusher gone) or a stage process is being respawned (it died or hung). The clock
+  keeps publishing; a restart would not help.
 - ``ok`` (200).
 
 A per-channel view (``/c/NAME/healthz``) answers 503 as soon as that channel is not delivering
@@ -77,6 +78,7 @@ class HealthReport:
     model_loaded: bool
     channels: dict[str, ChannelHealth] = field(default_factory=dict)
     problems: tuple[str, ...] = ()
+    stages: dict[str, dict] = field(default_factory=dict)
 
     @property
     def http_status(self) -> int:
@@ -87,6 +89,7 @@ class HealthReport:
             "status": self.status,
             "model_loaded": self.model_loaded,
             "problems": list(self.problems),
+            "stages": self.stages,
             "channels": {name: ch.to_json() for name, ch in self.channels.items()},
         }
 
@@ -122,11 +125,22 @@ class HealthMonitor:
         self._now_ns = now_ns
         self._channels: dict[str, _ChannelFacts] = {}
         self._model_loaded = False
+        self._stages: dict[str, tuple] = {}  # stage -> (state, detail, pid, restarts)
 
     # -- facts, reported by the daemon -------------------------------------------------------
 
     def set_model_loaded(self, loaded: bool = True) -> None:
         self._model_loaded = loaded
+
+    def set_stage(self, name: str, state: str, detail: str = "", pid: int | None = None,
+                  restarts: int = 0) -> None:
+        """A stage process's supervision state: "up", or "restarting" (dead or hung, being
+        respawned: ticks keep publishing, captions pause)."""
+        self._stages[name] = (state, detail, pid, restarts)
+
+    def stages(self) -> dict[str, dict]:
+        return {n: {"state": st, "detail": d, "pid": pid, "restarts": r}
+                for n, (st, d, pid, r) in self._stages.items()}
 
     def add_channel(self, name: str) -> None:
         if name not in self._channels:
@@ -189,7 +203,9 @@ class HealthMonitor:
                     f"ticks stalled: last tick {since_ms:.0f} ms ago "
                     f"(bound {self.limits.stall_after_ns / NS_PER_MS:.0f} ms)"
                 )
-        if facts.lag_ns is not None and facts.lag_ns > self.limits.max_lag_ns:
+        respawning = any(st[0] != "up" for st in self._stages.values())
+        if facts.lag_ns is not None and facts.lag_ns > self.limits.max_lag_ns and not respawning:
+            # (while a stage process is respawned the lag grows by design: reported as that)
             problems.append(
                 f"lag {facts.lag_ns / NS_PER_MS:.0f} ms over bound "
                 f"{self.limits.max_lag_ns / NS_PER_MS:.0f} ms"
@@ -217,18 +233,21 @@ class HealthMonitor:
             problems.append("no channel configured")
         for ch in channels.values():
             problems.extend(f"{ch.name}: {p}" for p in ch.problems)
+        stages_down = [f"{name} stage restarting: {detail}"
+                       for name, (state, detail, *_) in self._stages.items() if state != "up"]
         if problems:
             status = "fail"
-        elif any(ch.source_up is False for ch in channels.values()):
+        elif stages_down or any(ch.source_up is False for ch in channels.values()):
             status = "degraded"
-            problems = [
+            problems = stages_down + [
                 f"{ch.name}: source down" + (f" ({ch.source_detail})" if ch.source_detail else "")
                 for ch in channels.values()
                 if ch.source_up is False
             ]
         else:
             status = "ok"
-        return HealthReport(status, self._model_loaded, channels, tuple(problems))
+        return HealthReport(status, self._model_loaded, channels, tuple(problems),
+                            self.stages())
 
 
 def _json_response(body: dict, status: int) -> web.Response:

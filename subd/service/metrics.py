@@ -110,6 +110,18 @@ class Metrics:
             "subd_channel_restarts", "Channel restarts after a failure.", ch, registry=r
         )
         self.model_loaded = Gauge("subd_model_loaded", "1 once the model is loaded.", registry=r)
+        self.stage_up = Gauge(
+            "subd_stage_up", "1 while the stage process answers, 0 while it is respawned.",
+            ("stage",), registry=r,
+        )
+        self.stage_restarts = Counter(
+            "subd_stage_restarts", "Stage processes respawned after dying or hanging.",
+            ("stage",), registry=r,
+        )
+        self.sink_errors = Counter(
+            "subd_sink_errors", "Ticks a sink failed to take (full disk, closed file, bug).",
+            ch, registry=r,
+        )
         self.http_rejected = Counter(
             "subd_http_rejected", "HTTP requests refused by the safety middlewares.",
             ("reason",), registry=r,
@@ -150,6 +162,7 @@ class Metrics:
             self.fallbacks, self.stale_slots, self.degraded_ticks, self.real_time_factor,
             self.lag, self.sse_clients, self.sse_drops, self.committed_word_latency,
             self.source_up, self.source_failures, self.channel_up, self.channel_restarts,
+            self.sink_errors,
         )
 
     def render(self) -> bytes:
@@ -159,10 +172,9 @@ class Metrics:
 class ChannelMetrics:
     """Label children of one channel, resolved once for the hot path."""
 
-    def __init__(self, metrics: Metrics, channel: str, max_error_ns: int = 1_000_000) -> None:
+    def __init__(self, metrics: Metrics, channel: str) -> None:
         self._m = metrics
         self.channel = channel
-        self.max_error_ns = max_error_ns
         c = channel
         self._ticks = metrics.ticks.labels(c)
         self._publish_error = metrics.publish_error.labels(c)
@@ -180,6 +192,7 @@ class ChannelMetrics:
         self.source_failures = metrics.source_failures.labels(c)
         self.channel_up = metrics.channel_up.labels(c)
         self.channel_restarts = metrics.channel_restarts.labels(c)
+        self.sink_errors = metrics.sink_errors.labels(c)
         self._stages: dict[str, object] = {}
         self._source_is_up = True
         self._stale_seen = 0
@@ -187,15 +200,17 @@ class ChannelMetrics:
         self.source_up.set(1)
 
     def published(
-        self, due_ns: int, sent_ns: int, *, fallback: bool = False, degraded: bool = False
+        self, due_ns: int, sent_ns: int, *, fallback: bool = False, degraded: bool = False,
+        missed: bool = False,
     ) -> None:
-        """Record one published tick (call right after the send)."""
+        """Record one published tick (call right after the send). ``missed``: the scheduler
+        counted it as a deadline miss (its ``miss_tolerance_ms``: one definition of a miss)."""
         error_ns = sent_ns - due_ns
         self._ticks.inc()
         self._publish_error.observe(abs(error_ns) / NS_PER_S)
         if error_ns < 0:
             self._publish_early.inc()
-        elif error_ns > self.max_error_ns:
+        if missed:
             self._deadline_misses.inc()
         if fallback:
             self._fallbacks.inc()
@@ -236,7 +251,9 @@ class ChannelMetrics:
 
 
 class OpsObserver:
-    """A ``subd.pipeline.scheduler.Observer`` for one channel: metrics, health and the watchdog per tick.
+    """A ``subd.pipeline.scheduler.Observer`` for one channel: metrics and health per tick.
+    (The systemd watchdog is fed by the daemon's liveness check, not by ticks: a channel idle by
+    design publishes none.)
 
     ``audio_to_mono_ns`` maps an audio-timeline time to CLOCK_MONOTONIC (live sources:
     ``t0_ns + audio_ns``) for the committed-word latency; without it that metric stays empty.
@@ -257,14 +274,23 @@ class OpsObserver:
         self.audio_to_mono_ns = audio_to_mono_ns
         self.inner = inner
         self._accepted_sample = 0
+        self.counters: Any | None = None  # the pipeline's (tickstats.Counters), once it exists
+        self._misses_seen = 0
+        self._sink_errors_seen = 0
 
     def on_publish(self, state: Any, sent_ns: int) -> None:
+        missed = False
+        c = self.counters
+        if c is not None:
+            missed = c.deadline_misses > self._misses_seen
+            self._misses_seen = c.deadline_misses
+            if c.sink_errors > self._sink_errors_seen:
+                self.metrics.sink_errors.inc(c.sink_errors - self._sink_errors_seen)
+                self._sink_errors_seen = c.sink_errors
         self.metrics.published(state.due_ns, sent_ns, fallback=state.fallback,
-                               degraded=state.degraded)
+                               degraded=state.degraded, missed=missed)
         if self.health is not None:
             self.health.tick(self.metrics.channel, state.k, sent_ns)
-        if self.notifier is not None:
-            self.notifier.watchdog(sent_ns)  # sends at most once per half watchdog interval
         if self.inner is not None:
             self.inner.on_publish(state, sent_ns)
 

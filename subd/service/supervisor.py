@@ -4,8 +4,10 @@ Each channel (its own source, latency and sinks; the model instance is shared an
 daemon) runs in its own task, named ``channel:NAME``; inside ``run()`` a channel starts its own
 task set (a ``TaskGroup`` is the natural fit, so one failing task fails the whole channel). When
 ``run()`` raises, the supervisor logs one line, reports the state and restarts the channel after
-an exponential backoff; after ``max_failures`` failures within ``window_ns`` it gives up and
-marks the channel failed (health then says so). ``run()`` returning normally means the channel
+an exponential backoff capped at ``max_backoff_ns``, forever: a microphone unplugged for an hour
+or a file that comes back is picked up again without anyone restarting the daemon. (A policy
+with ``max_failures`` set gives up after that many failures within ``window_ns`` and marks the
+channel failed; health then says so.) ``run()`` returning normally means the channel
 is finished (a file source that ended): it is not restarted. Cancellation always propagates.
 """
 
@@ -19,6 +21,17 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 from subd.clock import Clock, MonotonicClock
+from subd.service.stages import (  # noqa: F401 - worker targets name them here (FactorySpec)
+    Attach,
+    ChannelWorker,
+    Detach,
+    ForChannel,
+    MultiplexHost,
+    SharedWorker,
+    shared_engine,
+    shared_streaming_recognizer,
+)
+from subd.tasks import start_task
 
 log = logging.getLogger("subd.service.supervisor")
 
@@ -48,7 +61,7 @@ class Channel(Protocol):
 class RestartPolicy:
     initial_backoff_ns: int = 500_000_000
     max_backoff_ns: int = 30_000_000_000
-    max_failures: int = 5  # within window_ns, then the channel is marked failed
+    max_failures: int = 0  # within window_ns, then the channel is marked failed; 0: never
     window_ns: int = 300_000_000_000
     healthy_after_ns: int = 60_000_000_000  # a run this long resets the backoff
 
@@ -106,7 +119,7 @@ class ChannelSupervisor:
             raise ValueError(f"channel {channel.name!r} is already running")
         entry = _Entry(channel)
         self._entries[channel.name] = entry
-        entry.task = asyncio.create_task(self._supervise(entry), name=f"channel:{channel.name}")
+        entry.task = start_task(self._supervise(entry), f"channel:{channel.name}")
         return entry.task
 
     def names(self) -> tuple[str, ...]:
@@ -164,7 +177,7 @@ class ChannelSupervisor:
             failures.append(now_ns)
             while failures and now_ns - failures[0] > self.policy.window_ns:
                 failures.popleft()
-            if len(failures) >= self.policy.max_failures:
+            if self.policy.max_failures and len(failures) >= self.policy.max_failures:
                 detail = (f"{len(failures)} failures in {self.policy.window_ns // 10**9} s, "
                           f"last: {error}")
                 self._set(entry, FAILED, detail)
@@ -212,134 +225,3 @@ class ChannelSupervisor:
                 log.error("channel task %s ended with %s", task.get_name(),
                           describe_error(task.exception()))
         return not pending
-
-
-# ---- one model for several channels -----------------------------------------------------------
-#
-# Every channel has its own recogniser state (its own stream, audio history and commit point),
-# but they all live in ONE worker process that loads the model once: :class:`MultiplexHost`
-# hosts one stage host per channel and routes each request by channel name; the engine is
-# shared through :func:`shared_engine`. On the event-loop side :class:`SharedWorker` queues the
-# channels' requests first-come first-served (the worker takes one request at a time).
-
-
-@dataclass(frozen=True, slots=True)
-class Attach:
-    """Build ``host`` for ``channel`` in the worker (replacing an earlier one)."""
-
-    channel: str
-    host: Any  # subd.workers.hosts.FactorySpec
-
-
-@dataclass(frozen=True, slots=True)
-class Detach:
-    channel: str
-
-
-@dataclass(frozen=True, slots=True)
-class ForChannel:
-    channel: str
-    request: Any
-
-
-class MultiplexHost:
-    """A worker host serving several channels; ``preload`` (e.g. the model) is built first, so
-    the worker is ready only once the model is loaded."""
-
-    def __init__(self, preload: Any | None = None) -> None:
-        self.shared = preload.build() if preload is not None else None
-        self.hosts: dict[str, Any] = {}
-
-    def handle(self, request: Any) -> Any:
-        if isinstance(request, ForChannel):
-            host = self.hosts.get(request.channel)
-            if host is None:
-                raise KeyError(f"channel {request.channel!r} is not attached")
-            return host.handle(request.request)
-        if isinstance(request, Attach):
-            self._close(request.channel)
-            self.hosts[request.channel] = request.host.build()
-            return True
-        if isinstance(request, Detach):
-            self._close(request.channel)
-            return True
-        raise TypeError(f"unexpected request {type(request).__name__}")
-
-    def _close(self, channel: str) -> None:
-        host = self.hosts.pop(channel, None)
-        close = getattr(host, "close", None)
-        if close is not None:
-            close()
-
-    def close(self) -> None:
-        for channel in list(self.hosts):
-            self._close(channel)
-
-
-_ENGINES: dict[tuple[str, str, int], Any] = {}
-
-
-def shared_engine(model: str = "tiny.en", precision: str = "int8", threads: int = 0) -> Any:
-    """The Whisper engine of this process, loaded once per (model, precision, threads)."""
-    key = (model, precision, threads)
-    if key not in _ENGINES:
-        from subd.models.engine import WhisperEngine, live_threads
-
-        _ENGINES[key] = WhisperEngine.load(model, threads=threads or live_threads(),
-                                           quantize=precision == "int8")
-    return _ENGINES[key]
-
-
-def shared_streaming_recognizer(model: str = "tiny.en", **opts: Any) -> Any:
-    """A streaming recogniser (its own state) over this process's shared engine."""
-    from subd.recognise.streaming import StreamingRecognizer
-
-    engine = shared_engine(model, opts.get("precision", "int8"), opts.get("threads", 0))
-    return StreamingRecognizer(model, engine=engine, **opts)
-
-
-class SharedWorker:
-    """A stage worker (process or inline) shared by channels; requests run one at a time in
-    arrival order. A caller that is cancelled does not free the worker before it answered."""
-
-    def __init__(self, worker: Any) -> None:
-        self.worker = worker
-        self._lock = asyncio.Lock()
-
-    async def _call(self, request: Any, now_ns: int = 0) -> Any:
-        await self._lock.acquire()
-        task = asyncio.ensure_future(self.worker.call(request, now_ns))
-
-        def done(t: asyncio.Future) -> None:
-            self._lock.release()
-            if not t.cancelled():
-                t.exception()  # retrieved: a cancelled caller must not leave it unobserved
-
-        task.add_done_callback(done)
-        return await asyncio.shield(task)
-
-    async def attach(self, channel: str, host: Any) -> ChannelWorker:
-        await self._call(Attach(channel, host))
-        return ChannelWorker(self, channel)
-
-    async def detach(self, channel: str) -> None:
-        try:
-            await self._call(Detach(channel))
-        except Exception as exc:  # noqa: BLE001 - the worker may be gone already
-            log.debug("detaching %s: %s", channel, describe_error(exc))
-
-
-class ChannelWorker:
-    """One channel's view of a :class:`SharedWorker` (the scheduler's ``Worker``)."""
-
-    def __init__(self, shared: SharedWorker, channel: str) -> None:
-        self.shared = shared
-        self.channel = channel
-        self.busy_since_ns: int | None = None  # from the request, queueing included
-
-    async def call(self, request: Any, now_ns: int = 0) -> Any:
-        self.busy_since_ns = now_ns
-        try:
-            return await self.shared._call(ForChannel(self.channel, request), now_ns)
-        finally:
-            self.busy_since_ns = None

@@ -59,6 +59,11 @@ class WorkerError(RuntimeError):
     """The stage host raised, or its process died."""
 
 
+class WorkerDied(WorkerError):
+    """The stage process is gone (it exited, was killed, or its pipe broke): a fresh one can
+    take over, unlike a host that raised on one request."""
+
+
 def _worker_main(conn: Connection, host_spec: FactorySpec, nice: int) -> None:
     """Entry point of a worker process."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the daemon decides when workers stop
@@ -84,20 +89,27 @@ def _worker_main(conn: Connection, host_spec: FactorySpec, nice: int) -> None:
         while True:
             try:
                 request = conn.recv()
-            except EOFError:
-                break
+            except (EOFError, OSError):
+                break  # the daemon went away (or is shutting down): nothing left to answer
             if request is None:
                 break
             try:
-                conn.send(("ok", host.handle(request)))
+                answer = ("ok", host.handle(request))
             except Exception as exc:  # noqa: BLE001 - one line back to the parent
-                conn.send(("err", f"{type(exc).__name__}: {exc}"))
+                answer = ("err", f"{type(exc).__name__}: {exc}")
+            try:
+                conn.send(answer)
+            except OSError:
+                break  # the daemon closed its end while we worked: shutting down
             trim_heap()
     finally:
         close = getattr(host, "close", None)
         if close:
             close()
-        conn.close()
+        try:
+            conn.close()
+        except OSError:
+            pass
 
 
 class ProcessWorker:
@@ -113,10 +125,16 @@ class ProcessWorker:
         self._proc: mp.process.BaseProcess | None = None
         self._pending: asyncio.Future | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._dead = False
+        self._ready = False
+        self.on_exit: Callable[[], None] | None = None  # called when a ready process dies
         self.busy_since_ns: int | None = None
 
     async def start(self, timeout_s: float = 300.0) -> None:
+        """Spawn the process and wait until its host is built; after :meth:`close` it can be
+        started again (a respawn)."""
         self._loop = asyncio.get_running_loop()
+        self._dead = False
         parent, child = self._ctx.Pipe(duplex=True)
         proc = self._ctx.Process(target=_worker_main, args=(child, self._spec, self._nice),
                                  name=f"subd-{self.name}", daemon=True)
@@ -138,6 +156,7 @@ class ProcessWorker:
         if kind == "error":
             await self.close()
             raise ModelError(f"{self.name} worker: {payload}")
+        self._ready = True
         log.debug("%s worker ready (pid %s)", self.name, payload)
 
     def _on_readable(self) -> None:
@@ -145,9 +164,14 @@ class ProcessWorker:
         try:
             message = self._conn.recv()
         except (EOFError, OSError):
+            self._dead = True
             self._detach()
             if self._pending is not None and not self._pending.done():
-                self._pending.set_exception(WorkerError(f"{self.name} worker died"))
+                self._pending.set_exception(WorkerDied(f"{self.name} worker died "
+                                                       f"({self.exit_text()})"))
+            if self._ready and self.on_exit is not None:
+                self._ready = False
+                self.on_exit()  # a supervisor respawns it (subd.service.stages)
             return
         fut, self._pending = self._pending, None
         if fut is None or fut.done():
@@ -165,22 +189,55 @@ class ProcessWorker:
             except (OSError, ValueError):
                 pass
 
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None else None
+
+    def exit_text(self) -> str:
+        """How the process ended, as far as is known now ("killed by SIGKILL", "exit 1")."""
+        proc = self._proc
+        if proc is None:
+            return "not started"
+        code = proc.exitcode  # a non-blocking poll: never stall the event loop on a reap
+        if code is None:
+            return "pipe closed"
+        if code < 0:
+            try:
+                return f"killed by {signal.Signals(-code).name}"
+            except ValueError:
+                return f"killed by signal {-code}"
+        return f"exit {code}"
+
+    def kill(self) -> None:
+        """SIGKILL the process (a hung stage: it may be stopped or spinning in native code, so
+        nothing gentler is sure to work). Its pipe then closes and the caller sees it die."""
+        if self._proc is not None and self._proc.pid is not None:
+            try:
+                os.kill(self._proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
     async def call(self, request: Any, now_ns: int = 0) -> Any:
-        if self._conn is None:
-            raise WorkerError(f"{self.name} worker is not running")
-        if self._pending is not None:
+        if self._conn is None or self._dead:
+            raise WorkerDied(f"{self.name} worker is not running ({self.exit_text()})")
+        if self._pending is not None and not self._pending.done():
             raise WorkerError(f"{self.name} worker is busy")
         assert self._loop is not None
         fut = self._loop.create_future()
         self._pending = fut
         self.busy_since_ns = now_ns
         try:
-            self._conn.send(request)
+            try:
+                self._conn.send(request)
+            except OSError as exc:  # the process is gone; its EOF may not have been read yet
+                self._detach()
+                raise WorkerDied(f"{self.name} worker died ({exc})") from None
             return await fut
         finally:
             self.busy_since_ns = None
 
     async def close(self, timeout_s: float = 5.0) -> None:
+        self._ready = False  # a process we stop is not a death
         if self._conn is not None:
             self._detach()
             try:
@@ -193,6 +250,9 @@ class ProcessWorker:
             await loop.run_in_executor(None, proc.join, timeout_s)
             if proc.is_alive():
                 proc.terminate()
+                await loop.run_in_executor(None, proc.join, 2.0)
+            if proc.is_alive():  # stopped (SIGSTOP) or deaf to SIGTERM
+                self.kill()
                 await loop.run_in_executor(None, proc.join, 2.0)
             self._proc = None
         if self._conn is not None:
