@@ -136,16 +136,19 @@ def test_symlinks_out_of_the_directory_are_refused(tmp_path: Path) -> None:
 def test_full_disk_is_counted_and_retried_without_losing_cues(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    real = files._atomic_write
+    real = files._write_block
     failures = {"left": 25}
 
-    def flaky(path: Path, data: bytes, fsync: bool) -> None:
+    def flaky(fd: int, data: bytes) -> int:
         if failures["left"] > 0:
             failures["left"] -= 1
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
-        real(path, data, fsync)
+            if failures["left"] % 2:  # the disk took half the block, then filled up
+                real(fd, data[: len(data) // 2])
+                return len(data) // 2
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real(fd, data)
 
-    monkeypatch.setattr(files, "_atomic_write", flaky)
+    monkeypatch.setattr(files, "_write_block", flaky)
     sink = SRTSink(FileSinkConfig(directory=str(tmp_path), retry_ms=10))
 
     async def main() -> None:
@@ -168,3 +171,55 @@ def test_bad_config_is_one_line(tmp_path: Path) -> None:
         SRTSink.from_mapping({"directory": str(tmp_path), "rotate_bytes": -1})
     with pytest.raises(ConfigError, match=r"\[sinks.srt\] unknown key 'dir'"):
         SRTSink.from_mapping({"dir": str(tmp_path)})
+
+
+def test_rotation_is_on_by_default_daily_and_by_size() -> None:
+    cfg = FileSinkConfig()
+    assert cfg.rotate_s == 86_400 and 0 < cfg.rotate_bytes <= 1 << 30
+
+
+def test_a_torn_tail_is_cut_off_when_the_file_is_opened(tmp_path: Path) -> None:
+    """A crash in the middle of a cue's write (power loss, disk full) leaves half a block; the
+    next start repairs the file before keeping it, so real parsers read every whole cue."""
+    run_sinks(SRTSink(FileSinkConfig(directory=str(tmp_path))),
+              VTTSink(FileSinkConfig(directory=str(tmp_path))), speed=10)
+    whole = {name: (tmp_path / name).read_bytes() for name in ("live.srt", "live.vtt")}
+    n_cues = len(reference_cues())
+    for name, data in whole.items():
+        (tmp_path / name).write_bytes(data + b"99\n00:01:00,000 --> 00:0")  # torn mid-block
+    with pytest.raises(pysrt.Error):
+        pysrt.from_string((tmp_path / "live.srt").read_text(),
+                          error_handling=pysrt.ERROR_RAISE)
+    run_sinks(SRTSink(FileSinkConfig(directory=str(tmp_path))),
+              VTTSink(FileSinkConfig(directory=str(tmp_path))), speed=10)
+    assert (tmp_path / "live.0001.srt").read_bytes() == whole["live.srt"]
+    assert (tmp_path / "live.0001.vtt").read_bytes() == whole["live.vtt"]
+    assert len(srt_cues(tmp_path / "live.0001.srt")) == n_cues
+    assert len(webvtt.read(str(tmp_path / "live.0001.vtt"))) == n_cues
+    assert srt_cues(tmp_path / "live.srt") == expected(reference_cues())
+
+
+def test_cues_are_appended_and_memory_holds_only_the_unwritten(tmp_path: Path) -> None:
+    """Each cue is one append: the bytes of the file before it never change, and once written
+    a cue is no longer held in memory."""
+    sink = SRTSink(FileSinkConfig(directory=str(tmp_path)))
+    sizes: list[bytes] = []
+    sink.on_durable = lambda n: sizes.append((tmp_path / "live.srt").read_bytes())
+    run_sinks(sink, speed=10)
+    assert len(sizes) == len(reference_cues())
+    for before, after in zip(sizes, sizes[1:]):
+        assert after.startswith(before) and len(after) > len(before)
+    assert len(sink._pending) == 0 and sink.n_lost == 0
+
+
+def test_cues_beyond_max_pending_while_the_disk_is_full_are_counted_lost(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def full(fd: int, data: bytes) -> int:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(files, "_write_block", full)
+    sink = SRTSink(FileSinkConfig(directory=str(tmp_path), retry_ms=10, max_pending=3))
+    run_sinks(sink, speed=10)
+    n = len(reference_cues())
+    assert sink.n_durable == 0 and sink.n_lost == n - 3 and len(sink._pending) == 3
