@@ -28,6 +28,16 @@ from subd.script import check_language, default_model
 T = TypeVar("T")
 
 _SECTIONS: dict[str, type] = {}
+# Sections read at use time by modules that the configuration does not import (they are
+# validated there, before anything starts): [layout] by subd.service.build, [punct] by the
+# daemon for the tagger. Any other top-level table is an error naming it: a misspelt
+# [recogniser] must not silently leave the defaults in force.
+_USE_TIME_SECTIONS = {"layout", "punct"}
+
+
+def declare_section(name: str) -> None:
+    """Accept ``[name]`` at load time; its owner validates it (``Config.section``)."""
+    _USE_TIME_SECTIONS.add(name)
 
 
 def register_section(name: str):
@@ -338,6 +348,9 @@ def config_from_dict(data: dict[str, Any], path: str = "") -> Config:
             continue
         if not isinstance(table, dict):
             raise ConfigError(f"{name}: top-level keys must be tables ([{name}])")
+        if name not in _SECTIONS and name not in _USE_TIME_SECTIONS:
+            known = sorted({*_CORE, *_SECTIONS, *_USE_TIME_SECTIONS})
+            raise ConfigError(f"[{name}]: unknown section (known: {', '.join(known)})")
         cls = _SECTIONS.get(name)
         extra[name] = build_section(name, cls, table) if cls else table
     sinks_table = dict(data.get("sinks", {})) if isinstance(data.get("sinks"), dict) else {}

@@ -71,3 +71,20 @@ def test_unit_keeps_the_promised_hardening(name):
     config = "/etc/subd/%i.toml" if "@" in name else "/etc/subd/subd.toml"
     assert s["ExecStart"] == [f"/usr/bin/env subd run --config {config}"]
     assert s["StateDirectory"] == (["subd/%i"] if "@" in name else ["subd"])
+
+
+def _seconds(value: str) -> float:
+    units = {"ms": 1e-3, "s": 1.0, "min": 60.0}
+    for suffix in sorted(units, key=len, reverse=True):
+        if value.endswith(suffix):
+            return float(value[: -len(suffix)]) * units[suffix]
+    return float(value)
+
+
+@pytest.mark.parametrize("name", ["subd.service", "subd@.service"])
+def test_start_timeout_covers_the_model_load_limit(name):
+    """systemd must not kill a daemon that is still within its own model-load limit."""
+    from subd.config import RecognizerConfig
+
+    s = _settings(UNITS / name)
+    assert _seconds(s["TimeoutStartSec"][0]) > RecognizerConfig().start_timeout_s

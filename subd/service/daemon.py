@@ -30,6 +30,7 @@ from subd.clock import Clock, MonotonicClock, request_realtime_priority
 from subd.config import ChannelSpec, Config
 from subd.pipeline.scheduler import Observer, Source
 from subd.pipeline.tickstats import Counters
+from subd.service.batching import BatchingSharedWorker
 from subd.service.build import (  # noqa: F401 - re-exported: subd stream, benches, tests
     DEMO_CLIP,
     GuardedSource,
@@ -46,7 +47,6 @@ from subd.service.channel import (
     WORKER_CLOSE_S,
     DaemonChannel,
 )
-from subd.service.batching import BatchingSharedWorker
 from subd.service.context import ChannelContext
 from subd.service.health import HealthMonitor
 from subd.service.metrics import Metrics
@@ -59,6 +59,20 @@ from subd.workers.process import InlineWorker, ProcessWorker
 log = logging.getLogger("subd.service.daemon")
 
 STATUS_EVERY_S = 5.0
+
+
+def tagger_factory(config: Config) -> FactorySpec | None:
+    """The tagger of ``[pipeline] tagger``, with ``[punct]`` as its options where it is the
+    shipped CRF tagger (checked when the tag stage starts, before any channel)."""
+    spec = resolve_tagger(config.pipeline.tagger)
+    punct = config.extra.get("punct", {})
+    if not punct:
+        return spec
+    if spec is None or not spec.target.endswith(":make_punct_stream"):
+        log.warning("[punct] is set but the tagger is %r: its options are not used",
+                    config.pipeline.tagger)
+        return spec
+    return FactorySpec(spec.target, {**spec.kwargs, **punct})
 
 
 @dataclass
@@ -141,7 +155,7 @@ class Daemon:
         shared_class = BatchingSharedWorker if self._batched() else SharedWorker
         self.recogniser = shared_class(self._recogniser_worker(), policy=policy,
                                        on_state=self._on_stage)
-        self.tagger_spec = resolve_tagger(cfg.pipeline.tagger)
+        self.tagger_spec = tagger_factory(cfg)
         shared = [self.recogniser]
         if self.tagger_spec is not None and cfg.pipeline.tag_process:
             check = FactorySpec("subd.workers.hosts:TagHost", {"tagger": self.tagger_spec})

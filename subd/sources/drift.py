@@ -5,6 +5,12 @@ a fixed mapping loses D over hours. Chunk arrivals are only ever *late* (schedul
 never early, so the estimator keeps the least-delayed arrival per block of audio (the lower
 envelope) and fits a Theil–Sen line (robust to the odd outlier) through the last blocks of a
 sliding window. File sources have no drift: :class:`NominalRate` is exact.
+
+The fitted rate is clamped to ``max_ppm`` (500 ppm: five times what sound cards are off by). A
+push source that pauses and then resumes at real time leaves a step in the arrivals, and every
+pair of points across it reads as a clock running percents slow: unclamped, one 5 s gap skewed
+the rate by ~1.7 % (17 000 ppm) for as long as the step stayed in the 10 minute window, and D
+with it.
 """
 
 from __future__ import annotations
@@ -15,6 +21,8 @@ from fractions import Fraction
 import numpy as np
 
 from subd.types import SAMPLE_RATE_HZ
+
+MAX_PPM = 500.0  # the largest sample-clock error believed (module docstring)
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,7 +67,8 @@ class DriftEstimator:
     """
 
     def __init__(self, block_samples: int = SAMPLE_RATE_HZ, window_points: int = 600,
-                 min_points: int = 8) -> None:
+                 min_points: int = 8, max_ppm: float = MAX_PPM) -> None:
+        self.max_ppm = float(max_ppm)
         self.block_samples = int(block_samples)
         self.window_points = int(window_points)
         self.min_points = int(min_points)
@@ -110,6 +119,9 @@ class DriftEstimator:
         if not ok.any():
             return None
         slope = float(np.median(dt[ok] / ds[ok]))
+        # ns per sample: a fast clock (positive ppm) has a smaller slope than nominal
+        limit = self.max_ppm * 1e-6
+        slope = min(max(slope, self._nominal_ns / (1 + limit)), self._nominal_ns / (1 - limit))
         # arrivals are late, never early: the intercept follows the low envelope of residuals
         intercept = float(np.quantile(t - slope * s, 0.1))
         return DriftFit(intercept, slope, n)
