@@ -159,7 +159,7 @@ class StreamingRecognizer:
         self._audio: AudioHistory | HistoryReader | None = None  # see the audio property
         self.vad = VoiceActivityDetector() if c.vad else None
         self.span = EncoderSpan(c.encoder_pad_ms, c.encoder_bucket_ms)
-        self.languages = LanguageTracker(c.language, self.engine)
+        self.languages = LanguageTracker(c.language, self.engine, span=self.span)
         self.state = _State()
         self.n_decodes = 0
         self.n_capped = 0  # decodes stopped by the window's token budget
