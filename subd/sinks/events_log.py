@@ -12,6 +12,11 @@ then one line per tick::
 ``committed`` holds the words newly committed at this tick (display text, times on the audio
 timeline); ``*_ns`` are monotonic. At the tick the publisher only appends a reference to a
 deque; formatting and writing happen half a tick later, off the critical moment.
+
+The log is appended to: a channel that restarts (or a daemon restarted by systemd) adds a new
+start line and its ticks after the earlier runs, which stay. Past ``rotate_bytes`` the file is
+renamed to ``<stem>.<NNNN><suffix>`` and a new one begins with the current run's start line, so
+every file reads on its own. :func:`read_events` reads the last run of a file.
 """
 
 from __future__ import annotations
@@ -19,6 +24,8 @@ from __future__ import annotations
 import asyncio
 import collections
 import json
+import logging
+import os
 from pathlib import Path
 from typing import IO
 
@@ -26,6 +33,7 @@ from subd.errors import UserError
 from subd.types import CaptionState
 
 NS_PER_MS = 1_000_000
+log = logging.getLogger(__name__)
 
 
 def word_display(tw) -> str:
@@ -51,23 +59,51 @@ def tick_record(state: CaptionState, sent_ns: int) -> dict:
     }
 
 
+ROTATE_BYTES = 64 << 20
+
+
 class EventsLog:
-    def __init__(self, path: str | Path, flush_delay_ns: int = 15_000_000) -> None:
+    def __init__(self, path: str | Path, flush_delay_ns: int = 15_000_000,
+                 rotate_bytes: int = ROTATE_BYTES) -> None:
         self.path = Path(path)
-        try:
-            self._file: IO[str] | None = open(self.path, "w", encoding="utf-8",  # noqa: SIM115
-                                              buffering=1 << 16)
-        except OSError as exc:
-            raise UserError(f"cannot write events log {self.path}: {exc.strerror}") from None
+        self.rotate_bytes = rotate_bytes  # 0: never
+        self._file: IO[str] | None = self._open()
         self._pending: collections.deque[tuple[CaptionState, int]] = collections.deque()
         self._flush_delay_s = flush_delay_ns / 1e9
         self._handle: asyncio.TimerHandle | None = None
+        self._start: dict | None = None
         self.lines_written = 0
+        self.n_rotations = 0
+        self.n_write_errors = 0
+
+    def _open(self) -> IO[str]:
+        try:
+            return open(self.path, "a", encoding="utf-8", buffering=1 << 16)  # noqa: SIM115
+        except OSError as exc:
+            raise UserError(f"cannot write events log {self.path}: {exc.strerror}") from None
 
     def write_start(self, t0_ns: int, fps: str, latency_ms: int, lookahead_ms: int) -> None:
-        self._write({"type": "start", "t0_ns": t0_ns, "fps": fps, "latency_ms": latency_ms,
-                     "lookahead_ms": lookahead_ms})
+        self._start = {"type": "start", "t0_ns": t0_ns, "fps": fps, "latency_ms": latency_ms,
+                       "lookahead_ms": lookahead_ms}
+        self._write(self._start)
         self.flush()
+
+    def _rotated_name(self, n: int) -> Path:
+        return self.path.with_name(f"{self.path.stem}.{n:04d}{self.path.suffix}")
+
+    def _maybe_rotate(self) -> None:
+        if not self.rotate_bytes or self._file is None or \
+                self._file.tell() < self.rotate_bytes:
+            return
+        self._file.close()
+        n = 1
+        while self._rotated_name(n).exists():
+            n += 1
+        os.replace(self.path, self._rotated_name(n))
+        self._file = self._open()
+        self.n_rotations += 1
+        if self._start is not None:  # each file reads on its own
+            self._write(self._start)
 
     def record(self, state: CaptionState, sent_ns: int) -> None:
         """Called at the tick: O(1), no formatting, no I/O."""
@@ -89,25 +125,36 @@ class EventsLog:
 
     def flush(self) -> None:
         self._handle = None
-        while self._pending:
-            state, sent_ns = self._pending.popleft()
-            self._write(tick_record(state, sent_ns))
-        if self._file is not None:
-            self._file.flush()
+        try:
+            while self._pending:
+                state, sent_ns = self._pending.popleft()
+                self._write(tick_record(state, sent_ns))
+            if self._file is not None:
+                self._file.flush()
+                self._maybe_rotate()
+        except OSError as exc:  # disk full: the ticks go on, the log says so once in a while
+            self.n_write_errors += 1
+            if self.n_write_errors == 1 or self.n_write_errors % 100 == 0:
+                log.error("events log %s: cannot write (%s); %d failures so far", self.path,
+                          exc.strerror or exc, self.n_write_errors)
 
     def close(self) -> None:
         if self._handle is not None:
             self._handle.cancel()
         self.flush()
         if self._file is not None:
-            self._file.close()
+            try:
+                self._file.close()
+            except OSError:
+                pass  # what could not be written was reported by flush()
             self._file = None
 
 
 def read_events(path: str | Path) -> tuple[dict, list[dict]]:
-    """(start record, tick records) of an events log."""
+    """(start record, tick records) of the last run in an events log."""
     lines = Path(path).read_text(encoding="utf-8").splitlines()
     records = [json.loads(line) for line in lines if line.strip()]
     if not records or records[0].get("type") != "start":
         raise UserError(f"{path}: not a subd events log (no start line)")
-    return records[0], [r for r in records[1:] if r.get("type") == "tick"]
+    last = max(i for i, r in enumerate(records) if r.get("type") == "start")
+    return records[last], [r for r in records[last + 1:] if r.get("type") == "tick"]
