@@ -31,9 +31,10 @@ class WorkerLink:
                  on_fail: Callable[[WorkerLink], None]) -> None:
         parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         args = (child.fileno(), client_buffer_bytes, drop_after_ms, heartbeat_ms)
-        # The worker inherits this process's scheduling policy (SCHED_FIFO where granted). It
-        # needs the standard library only: run by path, isolated (-I: no cwd on sys.path), so
-        # it starts fast and small, without the package's imports (numpy).
+        # The worker inherits this thread's scheduling policy (SCHED_FIFO where granted) and
+        # drops it first thing (worker.main). It needs the standard library only: run by path,
+        # isolated (-I: no cwd on sys.path), so it starts fast and small, without the
+        # package's imports (numpy).
         self.proc = subprocess.Popen(
             [sys.executable, "-I", "-c", _RUN_BY_PATH, w.__file__, *map(str, args)],
             pass_fds=(child.fileno(),), stdin=subprocess.DEVNULL)

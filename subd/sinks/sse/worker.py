@@ -365,6 +365,13 @@ class FanoutWorker:
 
 
 def main(argv: list[str]) -> int:
+    # Real-time priority belongs to the daemon's publisher thread only: a fan-out worker
+    # spawned after it was granted inherits SCHED_FIFO, and a FIFO writer spinning on a busy
+    # client would take a core from the publisher and the model processes.
+    try:
+        os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
+    except (AttributeError, OSError):
+        pass
     fd, limit, drop_ms, heartbeat_ms = (int(a) for a in argv)
     ctl = socket.socket(fileno=fd)
     ctl.setblocking(False)
