@@ -43,24 +43,7 @@ def dtw_path(cost: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         best = np.argmin(cands, axis=0)
         acc[i, j] = cost[i - 1, j - 1] + cands[best, np.arange(len(i))]
         trace[i, j] = best
-    i, j = n, m
-    rows, cols = [], []
-    while i > 0 or j > 0:
-        rows.append(i - 1)
-        cols.append(j - 1)
-        if i == 0:
-            j -= 1
-        elif j == 0:
-            i -= 1
-        else:
-            step = trace[i, j]
-            if step == 0:
-                i, j = i - 1, j - 1
-            elif step == 1:
-                i -= 1
-            else:
-                j -= 1
-    return np.array(rows[::-1]), np.array(cols[::-1])
+    return _trace_back(trace, n, m)
 
 
 def _median_filter(x: torch.Tensor, width: int) -> torch.Tensor:
@@ -111,14 +94,30 @@ def align_words(
         wanted = torch.tensor(text_tokens[known:])
         token_probs[known:] = probs[torch.arange(len(rows)), wanted].cpu().numpy()
     n_frames = max(1, min(n_audio_frames // 2, audio_features.shape[1]))
-    weights = torch.stack([qk[0, :, :n_frames] for qk in qks]).float().cpu()  # [heads, L, F]
-    weights = weights.softmax(dim=-1)
+    qk_cpu = torch.stack([qk[0] for qk in qks]).float().cpu()  # [heads, L, T]
+    matrix = alignment_matrix(qk_cpu, n_frames, len(sot_sequence))
+    text_idx, time_idx = dtw_path(-matrix.double().numpy())
+    return words_from_path(tokenizer, text_tokens, known, token_probs, text_idx, time_idx, split)
+
+
+def alignment_matrix(qk: torch.Tensor, n_frames: int, n_sot: int) -> torch.Tensor:
+    """The alignment heads' attention [heads, L, T] (float32, on any device) over the first
+    ``n_frames`` audio frames -> the matrix DTW walks [L - n_sot - 1, n_frames]: softmax over
+    frames, normalised per head over tokens, median-filtered over time, averaged over heads;
+    rows are <|notimestamps|> and the text tokens."""
+    weights = qk[:, :, :n_frames].softmax(dim=-1)
     std, mean = torch.std_mean(weights, dim=-2, keepdim=True, unbiased=False)
     weights = (weights - mean) / (std + 1e-10)
     weights = _median_filter(weights, MEDIAN_FILTER_WIDTH)
-    matrix = weights.mean(dim=0)[len(sot_sequence) : -1]  # rows: no_timestamps + text tokens
-    text_idx, time_idx = dtw_path(-matrix.double().numpy())
+    return weights.mean(dim=0)[n_sot:-1]
 
+
+def words_from_path(tokenizer: WhisperTokenizer, text_tokens: list[int], known: int,
+                    token_probs: np.ndarray, text_idx: np.ndarray, time_idx: np.ndarray,
+                    split: Splitter | None = None) -> list[WordTiming]:
+    """Word timings from the DTW path (token -> first frame), leaving out the words of the
+    first ``known`` tokens."""
+    sp = tokenizer.special
     words, word_tokens = (split or tokenizer.split_to_words)(text_tokens + [sp.eot])
     if len(word_tokens) <= 1:
         return []
@@ -144,6 +143,51 @@ def align_words(
     # words are left out
     n_known_words = int(np.searchsorted(boundaries[1:], known, side="right"))
     return _tidy_durations(out)[n_known_words:]
+
+
+def dtw_paths(costs: list[np.ndarray]) -> list[tuple[np.ndarray, np.ndarray]]:
+    """``dtw_path`` of several cost matrices at once (one anti-diagonal sweep for all, the
+    per-matrix cost being the sweep's Python overhead): the same paths, ties broken alike."""
+    if len(costs) <= 1:
+        return [dtw_path(c) for c in costs]
+    b = len(costs)
+    n = max(c.shape[0] for c in costs)
+    m = max(c.shape[1] for c in costs)
+    cost = np.full((b, n, m), np.inf)
+    for k, c in enumerate(costs):
+        cost[k, : c.shape[0], : c.shape[1]] = c  # outside a matrix: unreachable for its path
+    acc = np.full((b, n + 1, m + 1), np.inf)
+    acc[:, 0, 0] = 0.0
+    trace = np.zeros((b, n + 1, m + 1), dtype=np.int8)
+    for d in range(2, n + m + 1):
+        i = np.arange(max(1, d - m), min(n, d - 1) + 1)
+        j = d - i
+        cands = np.stack([acc[:, i - 1, j - 1], acc[:, i - 1, j], acc[:, i, j - 1]])
+        best = np.argmin(cands, axis=0)  # [b, len]
+        acc[:, i, j] = cost[:, i - 1, j - 1] + np.take_along_axis(cands, best[None], 0)[0]
+        trace[:, i, j] = best
+    return [_trace_back(trace[k], c.shape[0], c.shape[1]) for k, c in enumerate(costs)]
+
+
+def _trace_back(trace: np.ndarray, n: int, m: int) -> tuple[np.ndarray, np.ndarray]:
+    i, j = n, m
+    rows, cols = [], []
+    while i > 0 or j > 0:
+        rows.append(i - 1)
+        cols.append(j - 1)
+        if i == 0:
+            j -= 1
+        elif j == 0:
+            i -= 1
+        else:
+            step = trace[i, j]
+            if step == 0:
+                i, j = i - 1, j - 1
+            elif step == 1:
+                i -= 1
+            else:
+                j -= 1
+    return np.array(rows[::-1]), np.array(cols[::-1])
 
 
 def _tidy_durations(words: list[WordTiming]) -> list[WordTiming]:

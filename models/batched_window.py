@@ -15,8 +15,9 @@ would:
   "all done" flag per chunk, one chunk late;
 * the temperature fallback (when the policy asks for one) re-decodes only the rows that need
   it, and so does the retry without the prefix;
-* word timings from the alignment heads, one pass per row over the row's own encoder output
-  (the single-stream code: exactly the daemon's timings, script-aware word splitting included).
+* word timings from the alignment heads: one decoder pass for a chunk of rows, the attention
+  matrices on the device, one DTW sweep for all rows (models.alignment.dtw_paths), then the
+  single-stream code's word grouping (script-aware) and duration rules.
 
 Greedy results equal the single-stream engine's row by row in float32 (tests/test_batched_
 policy.py); in float16 on CUDA a near-tie can flip a token (documented in the bench output).
@@ -33,6 +34,7 @@ import torch
 
 from subd.kernels.mel import WINDOW_FRAMES
 from subd.kernels.mel_gpu import n_frames_for
+from subd.models.alignment import alignment_matrix, dtw_paths, words_from_path
 from subd.models.batched import BatchedEngine, EngineConfig, bucket
 from subd.models.batched_decode import StepShape, cross_fill, prefill
 from subd.models.decoding import (
@@ -51,6 +53,9 @@ from subd.models.engine import (
     WindowResult,
 )
 from subd.models.loading import LoadedModel
+from subd.models.words import word_splitter
+
+ALIGN_ROWS = 16  # rows per alignment pass: its logits are [rows, tokens, vocabulary] floats
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,20 +147,75 @@ class WindowEngine:
                 results[b], used[b] = res, False
         eng._join("encode")
         eng._join("decode")
+        speech = [b for b, (job, res) in enumerate(zip(jobs, results, strict=True))
+                  if b not in errors and not self.single.is_silent(res, job.policy)]
+        words = self._align(feats, speech, [jobs[b] for b in speech],
+                            [results[b].text_tokens(ts) for b in speech],
+                            [frames[b] for b in speech],
+                            [sum(1 for t in jobs[b].prefix if t < ts) if used[b] else 0
+                             for b in speech])
         out: list[WindowResult | BaseException] = []
-        for b, (job, res) in enumerate(zip(jobs, results, strict=True)):
+        for b, res in enumerate(results):
             if b in errors:
                 out.append(errors[b])
-                continue
-            if self.single.is_silent(res, job.policy):
+            elif b in words:
+                out.append(WindowResult(res, tuple(words[b]), True, used[b]))
+            else:
                 out.append(WindowResult(res, (), False, used[b]))
-                continue
-            n_prefix = sum(1 for t in job.prefix if t < ts) if used[b] else 0
-            extra = {} if job.language is None else {"language": job.language}
-            words = self.single.align(feats[b : b + 1], res.text_tokens(ts), frames[b],
-                                      n_prefix, **extra)
-            out.append(WindowResult(res, tuple(words), True, used[b]))
         return out
+
+    # ---- word timings ----------------------------------------------------------------------
+    @torch.inference_mode()
+    def _align(self, feats: torch.Tensor, rows: list[int], jobs: list[WindowJob],
+               texts: list[list[int]], frames: list[int], known: list[int]
+               ) -> dict[int, list]:
+        """``align_words`` for many rows: one decoder pass per chunk of rows (padded with
+        end-of-text after each row's own), the attention matrices on the device, and one DTW
+        sweep for all (models.alignment.dtw_paths); the same timings as row by row."""
+        sp, tok = self.tokenizer.special, self.tokenizer
+        heads = self.single.loaded.alignment_heads
+        decoder = self.batched.model.decoder
+        todo = [k for k in range(len(rows)) if texts[k]]
+        out: dict[int, list] = {rows[k]: [] for k in range(len(rows)) if not texts[k]}
+        probs, costs = {}, {}
+        for lo in range(0, len(todo), ALIGN_ROWS):
+            part = todo[lo : lo + ALIGN_ROWS]
+            seqs = [[*self._sot(jobs[k].language), sp.no_timestamps, *texts[k], sp.eot]
+                    for k in part]
+            width = max(len(q) for q in seqs)
+            host = torch.full((len(part), width), sp.eot, dtype=torch.long)
+            for r, q in enumerate(seqs):
+                host[r, : len(q)] = torch.tensor(q)
+            sub = self._rows(feats, [rows[k] for k in part])
+            cache = decoder.new_cache(sub)
+            logits, qks = decoder(host.to(sub.device), cache, return_cross_qk=heads)
+            qk = torch.stack(qks, dim=1).float()  # [rows, heads, L, T]
+            for r, k in enumerate(part):
+                n_sot, n_text = len(seqs[r]) - len(texts[k]) - 2, len(texts[k])
+                p = np.full(n_text, np.nan)
+                first = min(known[k], n_text)
+                if first < n_text:  # row n_sot + j predicts text token j
+                    lp = torch.softmax(logits[r, n_sot + first : n_sot + n_text].float(), -1)
+                    want = torch.tensor(texts[k][first:], device=lp.device)
+                    p[first:] = lp[torch.arange(n_text - first, device=lp.device), want].cpu()
+                probs[k] = p
+                n_frames = max(1, min(frames[k] // 2, sub.shape[1]))
+                qk_row = qk[r, :, : len(seqs[r])]
+                if not self.batched.cuda:  # the reference computes it on the CPU
+                    qk_row = qk_row.cpu()
+                costs[k] = -alignment_matrix(qk_row, n_frames, n_sot).double().cpu().numpy()
+        paths = dtw_paths([costs[k] for k in todo])
+        language = getattr(self.single, "language", "en")
+        for k, (text_idx, time_idx) in zip(todo, paths, strict=True):
+            split = word_splitter(tok, jobs[k].language or language)
+            out[rows[k]] = words_from_path(tok, texts[k], min(known[k], len(texts[k])),
+                                           probs[k], text_idx, time_idx, split)
+        return out
+
+    def _sot(self, language: str | None) -> list[int]:
+        if language is not None and self.tokenizer.multilingual:
+            return self.tokenizer.sot_sequence(language)
+        return list(self.single.sot_sequence)
 
     def _rows(self, feats: torch.Tensor, rows: list[int]) -> torch.Tensor:
         eng = self.batched
@@ -199,10 +259,7 @@ class WindowEngine:
              language: str | None) -> _Row:
         sp = self.tokenizer.special
         before = [sp.sot_prev, *previous[-MAX_PROMPT_TOKENS:]] if previous else []
-        sot = self.single.sot_sequence
-        if language is not None and self.tokenizer.multilingual:
-            sot = self.tokenizer.sot_sequence(language)
-        prompt = before + list(sot)
+        prompt = before + self._sot(language)
         n_ctx = self.batched.model.dims.n_text_ctx
         return _Row(prompt, len(before), prefix,
                     max(0, min(max_new, n_ctx - len(prompt) - len(prefix))))

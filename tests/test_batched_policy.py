@@ -95,3 +95,14 @@ def test_a_failing_channel_does_not_stall_or_change_the_others(engine, windows, 
         assert [w.text for w in hyp.committed + hyp.tentative] == \
             [w.text for w in want.committed + want.tentative]
     shared.close()
+
+
+def test_one_dtw_sweep_gives_each_matrix_its_own_path():
+    from subd.models.alignment import dtw_path, dtw_paths
+
+    rng = np.random.default_rng(3)
+    costs = [rng.standard_normal((n, m)) for n, m in ((5, 40), (12, 9), (1, 1), (30, 300))]
+    costs.append(np.zeros((6, 6)))  # all ties: broken as the single sweep breaks them
+    for (rows, cols), cost in zip(dtw_paths(costs), costs, strict=True):
+        want_rows, want_cols = dtw_path(cost)
+        assert rows.tolist() == want_rows.tolist() and cols.tolist() == want_cols.tolist()

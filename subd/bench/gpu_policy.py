@@ -30,12 +30,14 @@ from subd.types import SAMPLE_RATE_HZ
 
 NS_PER_MS = 1_000_000
 NS_PER_S = 1_000_000_000
+VISIBLE_SLACK_MS = 300  # served: words shown within D + this at p95
 
 
 @dataclass(slots=True)
 class Trial:
     label: str
     n_channels: int
+    latency_ms: int
     n_updates: int = 0
     n_words: int = 0
     n_late: int = 0  # words committed after their tick's look-ahead fetch
@@ -53,7 +55,12 @@ class Trial:
 
     @property
     def served(self) -> bool:
-        return self.n_late == 0 and self.n_failed == 0 and self.n_words > 0
+        """Every update back before its deadline (D - A), none failed, and the words shown
+        within D + 0.3 s at p95 (the issue's CPU target, applied here too). A word can still
+        be late with fast updates: the policy saw it first, or decided it, after its tick's
+        fetch (Whisper leaves the last word of a window out); those are counted apart."""
+        return (self.n_late_updates == 0 and self.n_failed == 0 and self.n_words > 0
+                and self.pct("visible_ms", 95) <= self.latency_ms + VISIBLE_SLACK_MS)
 
     def pct(self, name: str, q: float) -> float:
         a = getattr(self, name)
@@ -115,7 +122,7 @@ def simulate(label: str, host, spec: tuple, library: np.ndarray, n: int, setup: 
     from subd.workers.hosts import UpdateRequest
 
     ch = Channels(host, spec, library, n)
-    trial = Trial(label, n)
+    trial = Trial(label, n, setup.latency_ms)
     d_ns, a_ns = setup.latency_ms * NS_PER_MS, setup.lookahead_ms * NS_PER_MS
     min_new = setup.min_update_ms * SAMPLE_RATE_HZ // 1000
     costs = [[FIRST_UPDATE_COST_NS] for _ in range(n)]
@@ -315,7 +322,8 @@ def run(args) -> int:
     n_b = best.n_channels if best else 0
     n_n = naive.n_channels if naive else 0
     log("")
-    log(f"largest N with no late word (D = {setup.latency_ms} ms): batched {n_b}, naive "
+    log(f"largest N served (every update back within D - A, words visible within D + "
+        f"{VISIBLE_SLACK_MS} ms at p95; D = {setup.latency_ms} ms): batched {n_b}, naive "
         f"{n_n}" + (f"; ratio {n_b / n_n:.1f}x" if n_n else ""))
     for t in (best, naive):
         if t is not None:
