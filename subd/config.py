@@ -96,7 +96,8 @@ class RecognizerConfig:
     model: str = ""
     # "auto" (identified on each channel's first speech) or an ISO code: en, zh, ja, de, ...
     language: str = "en"
-    factory: str = ""  # "" = subd.recognise.streaming.StreamingRecognizer(model); or "module:callable"
+    # "" = subd.recognise.streaming.StreamingRecognizer(model); or "module:callable"
+    factory: str = ""
     process: bool = True  # run in its own process (never share the publisher's GIL)
     min_update_ms: int = field(default=200, metadata=rng(0, 10_000))
     # encoder input: the window's audio + this padding (0: Whisper's full 30 s; see
@@ -146,7 +147,7 @@ class RecognizerConfig:
 @dataclass(frozen=True, slots=True)
 class PipelineConfig:
     tagger: str = "auto"  # "auto" (subd.punct.stream if installed), "none", or "module:factory"
-    layout: str = "none"  # "none" or "module:factory"
+    layout: str = "builtin"  # "builtin" (the [layout] section) or "module:factory"
     tag_process: bool = True  # run a real tagger in its own process
     drain_timeout_s: float = field(default=30.0, metadata=rng(0, 3600))
 

@@ -171,16 +171,28 @@ def test_a_late_tag_stage_publishes_the_previous_state_as_fallback(tmp_path):
     assert run.committed_texts() == [w for w, _, _ in run.script]
 
 
-def test_a_burst_that_laps_the_ring_is_counted_as_stale_and_recovered(tmp_path):
+def test_a_burst_of_audio_takes_no_slot_and_every_tick_is_on_time(tmp_path):
+    """All the audio at once: it goes to the shared history only (a slot holds a tick's
+    prepared state, not its audio), so the burst laps no slot and no tick falls back."""
     run = run_pipeline(tmp_path, burst=True, seconds=5.0)
-    n_slots = run.pipeline.ring.n_slots
-    assert run.counters.stale_slots > 0
-    # ticks whose slot was taken over were still published, as fallbacks, on time
+    assert run.counters.stale_slots == 0
     assert [t["k"] for t in run.ticks] == list(range(len(run.ticks)))
     assert all(t["sent_ns"] == t["due_ns"] for t in run.ticks)
-    assert run.counters.fallbacks >= 1
-    assert len(run.ticks) > n_slots
+    assert len(run.ticks) > run.pipeline.ring.n_slots
     assert run.committed_texts() == [w for w, _, _ in run.script]
+
+
+def test_cues_are_laid_out_once_in_the_pipeline_and_each_closes_once(tmp_path):
+    """Every sink takes the cues from the state: each closed cue is in exactly one state, in
+    order, holding the committed words in order; the last open cue closes at the last tick."""
+    run = run_pipeline(tmp_path, seconds=14.0)
+    closed = [c for s in run.sink.states for c in s.cues if c.committed]
+    assert len(closed) >= 2
+    assert [c.index for c in closed] == list(range(1, len(closed) + 1))
+    assert " ".join(" ".join(c.lines) for c in closed).split() == run.committed_texts()
+    assert all(c.committed for c in run.sink.states[-1].cues)
+    fallbacks = [s for s in run.sink.states if s.fallback]
+    assert all(not c.committed for s in fallbacks for c in s.cues)  # never a closed cue twice
 
 
 def test_degraded_mode_starts_when_the_tag_stage_overruns_two_periods(tmp_path):
@@ -281,8 +293,8 @@ def test_latency_holds_against_a_sound_card_100_ppm_fast():
         clock = FakeClock(start_ns=T0_NS, settle_turns=12)
         history = AudioHistory(SAMPLE_RATE_HZ * 40)
         rec = InlineWorker("recognise", RecogniserHost(
-            FactorySpec("subd.testing.recognizer:ScriptedRecognizer", {"words": []}), history.capacity,
-            history=history), clock, lambda r: 50 * MS)
+            FactorySpec("subd.testing.recognizer:ScriptedRecognizer", {"words": []}),
+            history.capacity, history=history), clock, lambda r: 50 * MS)
         tag = InlineWorker("tag", TagHost(None), clock, lambda r: 2 * MS)
         sink = ListSink()
         pipeline = Pipeline(clock=clock, settings=TickSettings(latency_ms=1000, drain_timeout_s=5),

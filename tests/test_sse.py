@@ -328,7 +328,8 @@ def test_too_many_clients_is_refused() -> None:
 def test_bad_config_names_section_key_and_range() -> None:
     with pytest.raises(ConfigError, match=r"\[sinks.sse\] retry_ms = 5: must be in 100..600000"):
         SSEConfig.from_mapping({"retry_ms": 5})
-    with pytest.raises(ConfigError, match=r"\[sinks.sse.layout\] max_lines"):
+    # cues are laid out once, by the pipeline ([layout]): a per-sink table is refused
+    with pytest.raises(ConfigError, match=r"\[sinks.sse\] unknown key 'layout'"):
         SSEConfig.from_mapping({"layout": {"max_lines": 9}})
 
 

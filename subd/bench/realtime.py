@@ -25,6 +25,7 @@ import numpy as np
 
 from subd.errors import UserError
 from subd.scoring.wer import normalise, wer
+from subd.tasks import start_task
 
 LIBRIVOX_DIR = Path("/usr/share/pocketsphinx/test/data/librivox")
 
@@ -166,7 +167,7 @@ async def _run_subd(args, audio: np.ndarray) -> tuple[dict, Observed]:
     ctx = mp.get_context("spawn")
     parent, child = ctx.Pipe()
     loop = asyncio.get_running_loop()
-    run_task = asyncio.ensure_future(daemon.run())
+    run_task = start_task(daemon.run(), "bench:daemon")
     while daemon.bound_port is None and not run_task.done():
         await asyncio.sleep(0.01)
     client = ctx.Process(target=_sse_client, args=(daemon.bound_port, child), daemon=True)
@@ -204,7 +205,7 @@ async def _run_naive(args, audio: np.ndarray) -> tuple[dict, Observed]:
         async for chunk in source.chunks():
             history.write(chunk.start_sample, chunk.samples)
 
-    feeder = asyncio.ensure_future(feed())
+    feeder = start_task(feed(), "bench:feed")
     words: list[str] = []
     while True:
         done = feeder.done()

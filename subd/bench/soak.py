@@ -27,6 +27,7 @@ import numpy as np
 
 from subd.bench.fanout import rss_mb
 from subd.errors import UserError
+from subd.tasks import start_task
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -100,9 +101,9 @@ async def soak(args: argparse.Namespace, audio: np.ndarray) -> list[dict]:
         computes.append((fed, compute_ms))
         if tagging is not None:
             await tagging  # the previous pass ran while the recogniser did this update
-        tagging = asyncio.ensure_future(tag.call(TagRequest(
+        tagging = start_task(tag.call(TagRequest(
             k=0, first_idx=n_tagged, committed=hyp.committed, tentative=hyp.tentative,
-            audio_end_ns=hyp.audio_end_ns, flush=final)))
+            audio_end_ns=hyp.audio_end_ns, flush=final)), "bench:tag")
         n_tagged += len(hyp.committed)
         if fed == next_mark:
             since = fed - window + 1

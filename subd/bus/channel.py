@@ -13,7 +13,7 @@ from subd.bus.stream import ChannelKeys, connect
 from subd.config import BusConfig, Config
 from subd.errors import ConfigError
 from subd.sinks.sse.wire import SSEConfig
-from subd.tasks import cancel_and_wait
+from subd.tasks import cancel_and_wait, start_task
 
 log = logging.getLogger("subd.bus.channel")
 SINK_NAME = "bus"  # the publisher's place among a channel's sinks (not a configured sink)
@@ -62,14 +62,14 @@ class ChannelBus:
         assert self.lease is not None
         if not await self.lease.acquire(stopping):
             return False
-        self._keeper = asyncio.create_task(self.lease.keep(), name=f"lease:{self.channel}")
+        self._keeper = start_task(self.lease.keep(), f"lease:{self.channel}")
         return True
 
     def publisher(self, sse_options: dict[str, Any] | None) -> BusPublisher:
-        """The sink-like writer; ``sse_options``: the channel's [sinks.sse] table, whose
-        layout the edges' events then share with the daemon's own."""
+        """The sink-like writer; ``sse_options``: the channel's [sinks.sse] table (its D goes
+        into the edges' full resyncs; the cues come laid out in each tick's state)."""
         assert self.lease is not None
-        opts = {k: v for k, v in (sse_options or {}).items() if k in ("layout", "latency_ms")}
+        opts = {k: v for k, v in (sse_options or {}).items() if k == "latency_ms"}
         return BusPublisher(self.config, self.lease, SSEConfig.from_mapping(opts))
 
     async def __aexit__(self, *exc: object) -> None:
@@ -90,8 +90,8 @@ async def run_held(bus: ChannelBus, channel: Any, run_once: Any) -> None:
         if not await bus.acquire(lambda: channel.stopping):
             return  # stopped while a standby
         channel.bus = bus
-        watcher = asyncio.create_task(_stop_when_lost(bus.lost, channel.abort),
-                                      name=f"lease-watch:{bus.channel}")
+        watcher = start_task(_stop_when_lost(bus.lost, channel.abort),
+                             f"lease-watch:{bus.channel}")
         try:
             await run_once()
         finally:

@@ -2,8 +2,8 @@
 their due time.
 
 It sits among the channel's sinks: ``prepare(state)``, called by the scheduler at
-T(k) − ``[bus] lead_ms``, lays the tick out (the SSE sink's layout settings, so an edge's
-events are the daemon's own) and queues its ``delta`` payload; a writer task sends it with
+T(k) − ``[bus] lead_ms``, encodes the tick (its cues as the pipeline laid them out, so an
+edge's events are the daemon's own) and queues its ``delta`` payload; a writer task sends it with
 ``XADD … MAXLEN ~`` while the event loop waits for T(k), so the entry is in Redis before the
 tick is due and the bus's latency hides inside the lead. ``publish`` only catches a tick that
 was never prepared.
@@ -26,9 +26,9 @@ from redis.exceptions import RedisError
 from subd.bus.lease import DOWN_RETRY_S, ChannelLease
 from subd.bus.stream import encode_entry, stream_end
 from subd.config import BusConfig
-from subd.layout.cues import CueLayout, token_of
+from subd.layout.cues import token_of
 from subd.sinks.sse.wire import SSEConfig, cue_json, delta_payload
-from subd.tasks import cancel_and_wait
+from subd.tasks import cancel_and_wait, start_task
 from subd.types import CaptionState
 
 log = logging.getLogger("subd.bus.publisher")
@@ -61,7 +61,6 @@ class BusPublisher:
         self.redis = lease.redis
         self.keys = lease.keys
         sse = sse or SSEConfig()
-        self._layout = CueLayout(sse.layout)
         self._latency_ns = sse.latency_ms * 1_000_000  # D, for the edges' full resyncs
         self._script = self.redis.register_script(PUBLISH)
         self._k0 = 0  # bus k of this pipeline's tick 0 (the stream's continuation)
@@ -79,7 +78,7 @@ class BusPublisher:
         self._k0, self._w0 = await stream_end(self.redis, self.keys)
         log.info("channel %s: publishing to the bus from tick %d, word %d", self.lease.channel,
                  self._k0, self._w0)
-        self._task = asyncio.create_task(self._writer(), name=f"bus:{self.lease.channel}")
+        self._task = start_task(self._writer(), f"bus:{self.lease.channel}")
 
     # -- the scheduler's calls (event loop, never block) ------------------------------------
 
@@ -87,7 +86,7 @@ class BusPublisher:
         if state.k <= self._last_k or self.lease.lost.is_set():
             return
         self._last_k = state.k
-        closed = self._layout.push(state.committed, state.audio_end_ns, state.tentative)
+        closed = [c for c in state.cues if c.committed]  # laid out once, by the pipeline
         words = [[w.text, w.start_ns, w.end_ns] for w in map(token_of, state.committed)]
         bus_state = dataclasses.replace(state, k=self._k0 + state.k)
         payload = delta_payload(bus_state, self._w0 + self._n_words, words,

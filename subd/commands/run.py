@@ -14,6 +14,7 @@ import logging
 import os
 
 from subd.config import load_config
+from subd.tasks import cancel_all, start_task
 
 log = logging.getLogger("subd.run")
 
@@ -41,8 +42,8 @@ async def _serve(daemon, controller) -> int:
     from subd.service.signals import EXIT_FORCED
 
     controller.install()
-    run_task = asyncio.create_task(daemon.run(), name="daemon")
-    wait_task = asyncio.create_task(controller.wait(), name="signals")
+    run_task = start_task(daemon.run(), "daemon")
+    wait_task = start_task(controller.wait(), "signals")
     try:
         done, _ = await asyncio.wait({run_task, wait_task},
                                      return_when=asyncio.FIRST_COMPLETED)
@@ -61,11 +62,15 @@ async def _serve(daemon, controller) -> int:
     finally:
         controller.uninstall()
         daemon.notifier.close()
+        left = await cancel_all()  # the net under every owner's own shutdown
+        if left:
+            log.warning("tasks still running at exit, cancelled: %s", ", ".join(left))
 
 
 def run(args: argparse.Namespace) -> int:
     import subd.service.logs
     from subd.server.safety import resolve_token
+    from subd.service.build import build_layout
     from subd.service.daemon import Daemon
     from subd.service.health import HealthLimits, HealthMonitor
     from subd.service.metrics import Metrics
@@ -78,6 +83,7 @@ def run(args: argparse.Namespace) -> int:
     repeat = subd.service.logs.setup_logging(level)
     try:
         cfg = load_config(args.config)
+        build_layout(cfg.pipeline.layout, cfg)  # [layout] checked before anything starts
         token = resolve_token(cfg.server.push_token)
         notifier = Notifier()
         _keep_notify_to_ourselves()

@@ -24,7 +24,7 @@ from subd.errors import ConfigError
 from subd.server.overlay import handle_overlay
 from subd.server.safety import HttpLimits, make_app
 from subd.sinks.sse.wire import SSEConfig, options_response
-from subd.tasks import cancel_and_wait
+from subd.tasks import cancel_and_wait, start_task
 
 log = logging.getLogger("subd.edge")
 PRIME_WAIT_S = 5.0
@@ -108,8 +108,8 @@ class Edge:
             await sink.start()
             follower = ChannelFollower(self.redis, keys, name, sink)
             self.followers[name] = follower
-            self._tasks += [asyncio.create_task(follower.follow(), name=f"follow:{name}"),
-                            asyncio.create_task(follower.release(), name=f"release:{name}")]
+            self._tasks += [start_task(follower.follow(), f"follow:{name}"),
+                            start_task(follower.release(), f"release:{name}")]
             log.info("edge: following channel %s", name)
             return follower
 

@@ -1,44 +1,48 @@
-"""The tick scheduler: ingest → features → recognise → tag → layout → publish, pulled by a clock.
+"""The tick scheduler: ingest → recognise → tag → layout → publish, pulled by a clock.
 
 Four tasks share the event loop and never wait on each other:
 
-* ingest: source chunks into the audio history (shared memory) and the tick slots, then the
-  cheap feature stage (10 ms log-energy frames);
+* ingest: source chunks into the channel's one copy of its audio, the shared-memory history
+  the recogniser reads in place;
 * recognise: whenever enough new audio is in, one ``update`` in the recogniser worker (its own
   process); committed words join an append-only stream that only ever grows;
 * fetch: at ``T(k) − A`` tick k's words go to the tag/layout worker; if that worker has been
   busy for more than 2·P the tick takes the cheap path at once (degraded) instead of queueing;
 * publish: at ``T(k)`` exactly, tick k's laid-out state, or, if it is not ready, the last good
   state marked ``fallback`` (a late result joins the next tick). Committed words are published
-  exactly once, in order: a result only contributes words past the published index.
+  exactly once, in order: a result only contributes words past the published index. The
+  publish half (with the layout of the cues) is :mod:`subd.pipeline.publish`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from fractions import Fraction
-from typing import Any, Protocol
+from typing import Any
 
 from subd.clock import Clock
 from subd.history import AudioHistory, writer_lead_samples
+from subd.layout.cues import CueLayout
+from subd.pipeline.contracts import (  # noqa: F401 - named here by the service and tests
+    PREPARE_NS,
+    Observer,
+    Source,
+    TickSettings,
+    Worker,
+)
 from subd.pipeline.gcpace import PACER
 from subd.pipeline.ingest import Ingest
-from subd.pipeline.ring import (
-    FRAME_SAMPLES,
-    FeatureHistory,
-    RingCalibration,
-    SlotFlag,
-    SlotRing,
-    n_slots_for,
-)
+from subd.pipeline.publish import TickPublisher
+from subd.pipeline.ring import DEGRADED, READY, SlotFlag, SlotRing, n_slots_for
 from subd.pipeline.ticks import NS_PER_MS, TickGrid, fps_text
 from subd.pipeline.tickstats import Counters
 from subd.pipeline.wordstream import WordStream
 from subd.sinks.events_log import EventsLog
 from subd.sources.drift import DriftEstimator
-from subd.types import CaptionState, samples_to_ns
+from subd.tasks import start_task
+from subd.types import CaptionState, Cue, samples_to_ns
 from subd.workers.hosts import (
     FinishRequest,
     RecogniseResult,
@@ -48,50 +52,11 @@ from subd.workers.hosts import (
 
 log = logging.getLogger("subd.pipeline.scheduler")
 
-PREPARE_NS = 2_000_000  # the state is built at T(k) − 2 ms, then the publisher spins to T(k)
 REBASE_EVERY_TICKS = 150  # live sources: refit the sample clock every ~5 s of ticks
 MAX_SLEW_NS = 500_000  # at most 0.5 ms of offset correction per refit
-READY = "ready"  # slot.result: the tick's state can be built from the streams
-DEGRADED = "degraded"  # slot.result: built on the cheap path (tagger skipped)
 
 
-class Worker(Protocol):
-    busy_since_ns: int | None
-
-    async def call(self, request: Any, now_ns: int = 0) -> Any: ...
-
-
-class Source(Protocol):
-    live: bool  # has its own sample clock (drift is estimated)
-    pullable: bool  # can be held back without losing audio
-
-    async def start(self, clock: Clock) -> int: ...  # monotonic ns of sample 0
-
-    def chunks(self) -> Any: ...  # async iterator of AudioChunk
-
-
-class Observer(Protocol):
-    def on_hypothesis(self, result: RecogniseResult, now_ns: int) -> None: ...
-
-    def on_publish(self, state: CaptionState, sent_ns: int) -> None: ...
-
-
-@dataclass(frozen=True, slots=True)
-class TickSettings:
-    fps: str = "30"
-    latency_ms: int = 2000
-    lookahead_ms: int = 150
-    rate: Fraction = Fraction(1)  # audio seconds per wall second (file --speed)
-    min_update_ms: int = 200
-    miss_tolerance_ms: float = 0.0  # 0: half a tick period
-    drain_timeout_s: float = 30.0
-    max_latency_ms: int = 0  # the slot ring is sized for this D (reloads up to it); 0: latency
-    # the state is built and handed to sinks' prepare() this long before T(k) (at least
-    # PREPARE_NS): a bus needs time to carry it to the edges before it is due
-    prepare_ns: int = PREPARE_NS
-
-
-class Pipeline:
+class Pipeline(TickPublisher):
     def __init__(self, *, clock: Clock, settings: TickSettings, source: Source,
                  recogniser: Worker, tagger: Worker, history: AudioHistory,
                  sinks: list[Any] = (), events: EventsLog | None = None,
@@ -105,14 +70,16 @@ class Pipeline:
         self.sinks = list(sinks)
         self.events = events
         self.observer = observer
-        self.layout = layout  # optional: .apply(state) -> state with cues (subd.layout.cues)
+        # cues are laid out here, once per tick, and carried in the state to every sink:
+        # .apply(state) -> state with cues, .finish() -> the cues closed at the end
+        self.layout = layout if layout is not None else CueLayout()
+        self._carried_cues: tuple[Cue, ...] = ()  # closed by a layout replaced on reload
         self.counters = Counters()
         self._prepare_ns = max(PREPARE_NS, settings.prepare_ns)
         self.grid: TickGrid | None = None
         self._grid_prev: TickGrid | None = None
         self._switch_k = -1  # ticks before it are due on _grid_prev
         self.ring: SlotRing | None = None
-        self.features = FeatureHistory(history.capacity // FRAME_SAMPLES + 1)
         self.drift = DriftEstimator() if source.live else None
         self.words = WordStream()
         self.ingest: Ingest | None = None
@@ -145,24 +112,22 @@ class Pipeline:
         s = self.settings
         t0_ns = await self.source.start(self.clock)
         self.grid = TickGrid.create(s.fps, t0_ns, s.latency_ms, s.lookahead_ms, rate=s.rate)
-        cal = RingCalibration.for_period(self.grid.period_ns)
         self._ring_latency_ns = max(self.grid.latency_ns, s.max_latency_ms * NS_PER_MS)
         n_slots = n_slots_for(self._ring_latency_ns, self.grid.lookahead_ns,
                               self.grid.wall_period_ns)
-        self.ring = SlotRing(n_slots, cal)
-        self.ingest = Ingest(self.grid, self.ring, self.history, self.features, self.clock,
-                             self.counters)
+        self.ring = SlotRing(n_slots)
+        self.ingest = Ingest(self.history, self.clock, self.counters)
         tol = s.miss_tolerance_ms * NS_PER_MS or self.wall_period_ns / 2
         self._miss_tolerance_ns = int(tol)
         if self.events is not None:
             self.events.write_start(t0_ns, fps_text(self.grid.fps), s.latency_ms, s.lookahead_ms)
         tasks = [
-            asyncio.create_task(self._ingest_loop(), name="ingest"),
-            asyncio.create_task(self._recognise_loop(), name="recognise"),
-            asyncio.create_task(self._fetch_loop(), name="fetch"),
-            asyncio.create_task(self._tag_loop(), name="tag"),
+            start_task(self._ingest_loop(), "pipeline:ingest"),
+            start_task(self._recognise_loop(), "pipeline:recognise"),
+            start_task(self._fetch_loop(), "pipeline:fetch"),
+            start_task(self._tag_loop(), "pipeline:tag"),
         ]
-        publisher = asyncio.create_task(self._publish_loop(), name="publish")
+        publisher = start_task(self._publish_loop(), "pipeline:publish")
         PACER.acquire()  # collections after publishing, never just before a deadline
         try:
             while True:
@@ -319,7 +284,7 @@ class Pipeline:
         flush = self._rec_finished and not self.words.tag_flushed
         if self.words.tagger_is_current() and not flush:
             # nothing new since the last tag pass: the tick's state is ready as it is
-            slot.result = READY
+            slot.mode = READY
             self.ring.mark(slot, SlotFlag.TAGGED | SlotFlag.LAID_OUT)
             return
         if self._tag_pending is not None:
@@ -338,8 +303,7 @@ class Pipeline:
                     continue  # too late to matter; a newer tick will carry its words
                 request = self.words.tag_request(k, self._rec_audio_end_ns, flush)
                 started = self.clock.now_ns()
-                watchdog = asyncio.create_task(self._overrun_watch(k, started),
-                                               name="tag-watchdog")
+                watchdog = start_task(self._overrun_watch(k, started), "pipeline:tag-watchdog")
                 try:
                     result = await self.tagger.call(request, started)
                 finally:
@@ -356,7 +320,7 @@ class Pipeline:
         slot = self.ring.get(k)
         if slot is None or slot.flags & (SlotFlag.PUBLISHED | SlotFlag.LAID_OUT):
             return
-        slot.result = DEGRADED
+        slot.mode = DEGRADED
         self.ring.mark(slot, SlotFlag.TAGGED | SlotFlag.LAID_OUT)
         self.counters.degraded_ticks += 1
 
@@ -364,102 +328,11 @@ class Pipeline:
         self._stage_done("tag", result.duration_ns)
         self.words.add_tagged(result)
         slot = self.ring.get(result.k)
-        if slot is not None and slot.result is DEGRADED:
+        if slot is not None and slot.mode is DEGRADED:
             return  # already switched to the cheap path; its words reach the next ticks
         if slot is None or slot.flags & SlotFlag.PUBLISHED or \
                 self.clock.now_ns() > self._due(result.k) - self._prepare_ns:
             self.counters.late_results += 1  # its words join the next tick that is ready
             return
-        slot.result = READY
+        slot.mode = READY
         self.ring.mark(slot, SlotFlag.TAGGED | SlotFlag.LAID_OUT)
-
-    # ---- publish ----------------------------------------------------------------------------
-
-    async def _publish_loop(self) -> None:
-        k = 0
-        while True:
-            due = self._due(k)
-            await self.clock.sleep_until(due - self._prepare_ns, precise=False)
-            state = self._prepare(k, due)
-            self._prepare_sinks(state)
-            sent = await self.clock.sleep_until(due)
-            self._emit(state, sent)
-            PACER.after_publish()
-            k += 1
-            if self._drained(k - 1):
-                return
-
-    def _prepare(self, k: int, due: int) -> CaptionState:
-        slot = self.ring.get(k)
-        mode = slot.result if slot is not None else None
-        prev = self._prev
-        if mode is None:
-            return CaptionState(k=k, due_ns=due,
-                                audio_end_ns=prev.audio_end_ns if prev else 0,
-                                tentative=prev.tentative if prev else "",
-                                cues=prev.cues if prev else (), fallback=True)
-        state = self.words.state(k, due, self.grid.audio_end_ns(k), mode is DEGRADED)
-        if self.layout is not None:
-            state = self.layout.apply(state)
-        return state
-
-    def _prepare_sinks(self, state: CaptionState) -> None:
-        """Sinks that can encode ahead (``prepare``) do it now, so T(k) only writes."""
-        for sink in self.sinks:
-            prepare = getattr(sink, "prepare", None)
-            if prepare is None:
-                continue
-            try:
-                prepare(state)
-            except Exception:  # noqa: BLE001 - a broken sink must not stop the clock
-                self.counters.sink_errors += 1
-                if self.counters.sink_errors < 10:
-                    log.exception("sink %s failed to prepare tick %d",
-                                  getattr(sink, "name", sink), state.k)
-
-    def _emit(self, state: CaptionState, sent_ns: int) -> None:
-        for sink in self.sinks:
-            try:
-                sink.publish(state)
-            except Exception:  # noqa: BLE001 - a broken sink must not stop the clock
-                self.counters.sink_errors += 1
-                if self.counters.sink_errors < 10:
-                    log.exception("sink %s failed to publish tick %d",
-                                  getattr(sink, "name", sink), state.k)
-        c = self.counters
-        c.ticks += 1
-        err = sent_ns - state.due_ns
-        c.publish_error.add(err)
-        if err > self._miss_tolerance_ns:
-            c.deadline_misses += 1
-        if state.fallback:
-            c.fallbacks += 1
-        if self.events is not None:
-            self.events.record(state, sent_ns)
-        self.words.mark_published(state)
-        self.ring.release(state.k)
-        self.last_published_k = state.k
-        self._prev = state
-        self._stage_done("publish", self.clock.now_ns() - sent_ns)
-        if self.observer is not None:
-            self.observer.on_publish(state, sent_ns)
-
-    def _stage_done(self, name: str, duration_ns: int) -> None:
-        self.counters.stage[name].add(duration_ns)
-        on_stage = getattr(self.observer, "on_stage", None)
-        if on_stage is not None:
-            on_stage(name, duration_ns)
-
-    def _drained(self, k: int) -> bool:
-        if self._source_done and self._rec_finished and self.words.tag_flushed \
-                and self.words.n_unpublished == 0 \
-                and self.grid.audio_end_ns(k) >= samples_to_ns(self.ingest.ingested):
-            return True
-        if self._done_at_ns is None:
-            return False
-        if self.clock.now_ns() < self._done_at_ns + int(self.settings.drain_timeout_s * 1e9):
-            return False
-        lost = self.words.n_unpublished
-        log.error("drain timed out at tick %d: %d committed words unpublished "
-                  "(recogniser %s)", k, lost, "finished" if self._rec_finished else "busy")
-        return True

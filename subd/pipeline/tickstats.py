@@ -43,7 +43,7 @@ class Durations:
         }
 
 
-STAGES = ("ingest", "features", "recognise", "tag", "publish")
+STAGES = ("ingest", "recognise", "tag", "layout", "publish")
 
 
 @dataclass

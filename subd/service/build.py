@@ -20,14 +20,15 @@ DEMO_CLIP = ("data", "demo.wav")
 
 
 def recognizer_spec(model: str, factory: str = "", **opts: Any) -> FactorySpec:
-    """The streaming recogniser, imported in the worker process: subd.recognise.streaming's over the
-    process's shared engine by default, or any ``module:callable`` taking no arguments
+    """The streaming recogniser, imported in the worker process: subd.recognise.streaming's
+    over the process's shared engine by default, or any ``module:callable`` taking no arguments
     (``[recognizer] factory``)."""
     if factory:
         return FactorySpec(factory)
     if importlib.util.find_spec("subd.recognise.streaming") is None:
         raise ModelError("the streaming recogniser (subd/recognise/streaming.py) is not installed")
-    return FactorySpec("subd.service.supervisor:shared_streaming_recognizer", {"model": model, **opts})
+    return FactorySpec("subd.service.supervisor:shared_streaming_recognizer",
+                       {"model": model, **opts})
 
 
 def demo_clip_path() -> Path:
@@ -84,9 +85,27 @@ def sink_options(config: Config, name: str, spec: ChannelSpec | None = None) -> 
     return opts
 
 
-def build_layout(spec: str) -> Any | None:
-    """``[pipeline] layout``: "none" or a "module:factory" building an object with apply()."""
-    return None if spec in ("", "none") else FactorySpec(spec).build()
+def build_layout(spec: str, config: Config | None = None) -> Any:
+    """A channel's layout stage, which lays out the cues once per tick for every sink:
+    ``[pipeline] layout`` = "builtin" (:class:`subd.layout.cues.CueLayout` with the [layout]
+    section) or a "module:factory" building an object with ``apply(state)`` and ``finish()``.
+    A layout holds its open cue: every channel gets its own."""
+    if spec in ("", "builtin"):
+        from subd.layout.cues import CueLayout, LayoutConfig
+
+        table = config.extra.get("layout", {}) if config is not None else {}
+        return CueLayout(table if isinstance(table, LayoutConfig)
+                         else LayoutConfig.from_mapping(table))
+    if spec == "none":
+        raise ConfigError("[pipeline] layout = 'none': every sink takes its cues from the "
+                          "pipeline now; use 'builtin' (the [layout] section) or "
+                          "'module:factory'")
+    return FactorySpec(spec).build()
+
+
+def layout_key(spec: str, config: Config) -> tuple[str, str]:
+    """What a channel's layout is built from (a reload rebuilds it only when this changes)."""
+    return spec, repr(config.extra.get("layout", {}))
 
 
 class GuardedSource:

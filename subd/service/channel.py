@@ -21,9 +21,11 @@ from subd.service.build import (
     build_layout,
     build_sink,
     build_source,
+    layout_key,
     sink_options,
 )
 from subd.sinks.events_log import EventsLog
+from subd.tasks import start_task
 from subd.workers.hosts import FactorySpec
 
 if TYPE_CHECKING:
@@ -79,6 +81,7 @@ class DaemonChannel:
         self._started_ns = time.monotonic_ns()
         self._stage_seen: dict[str, int] = {}
         self._sse_dropped = 0
+        self._layout_key: tuple[str, str] | None = None
         self.bus: Any = None  # subd.bus.channel.ChannelBus while this daemon holds the lease
 
     # -- what the daemon and the HTTP routes read --------------------------------------------
@@ -219,9 +222,11 @@ class DaemonChannel:
             self.pipeline = Pipeline(clock=d.clock, settings=settings, source=source,
                                      recogniser=rec, tagger=tag, history=history,
                                      sinks=list(self.sinks.values()), events=self.events,
-                                     observer=observer, layout=build_layout(d.layout_spec))
+                                     observer=observer,
+                                     layout=build_layout(d.layout_spec, d.config))
+            self._layout_key = layout_key(d.layout_spec, d.config)
             observer.counters = self.pipeline.counters  # misses as the scheduler counts them
-            self._task = asyncio.create_task(self.pipeline.run(), name=f"pipeline:{self.name}")
+            self._task = start_task(self.pipeline.run(), f"pipeline:{self.name}")
             try:
                 self.counters = await self._task
             except asyncio.CancelledError:
@@ -390,7 +395,10 @@ class DaemonChannel:
         plan.sinks.clear()
         if plan.events_path is not None:
             self._swap_events(plan.events_path)
-        p.layout = layout
+        key = layout_key(self.ctx.layout_spec, self.ctx.config)
+        if layout is not None and key != self._layout_key:  # [layout] or its factory changed
+            p.set_layout(build_layout(self.ctx.layout_spec, self.ctx.config))  # its own
+            self._layout_key = key
         self.spec = spec
 
     def _swap_events(self, path: str) -> None:

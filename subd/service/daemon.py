@@ -53,6 +53,7 @@ from subd.service.metrics import Metrics
 from subd.service.notify import Notifier
 from subd.service.stages import UP, SharedWorker, StagePolicy
 from subd.service.supervisor import FAILED, RUNNING, ChannelSupervisor
+from subd.tasks import start_task
 from subd.workers.hosts import FactorySpec, resolve_tagger
 from subd.workers.process import InlineWorker, ProcessWorker
 
@@ -211,7 +212,7 @@ class Daemon:
         if self.supervise:
             self._tasks[spec.name] = self.supervisor.start(ch)
         else:
-            self._tasks[spec.name] = asyncio.create_task(ch.run(), name=f"channel:{spec.name}")
+            self._tasks[spec.name] = start_task(ch.run(), f"channel:{spec.name}")
 
     async def _stop_channel(self, name: str) -> None:
         ch = self.channels.pop(name, None)
@@ -243,15 +244,15 @@ class Daemon:
                     return Counters()
                 for spec in specs:
                     self._start_channel(spec)
-                await asyncio.wait([asyncio.ensure_future(ch.ready.wait())
+                await asyncio.wait([start_task(ch.ready.wait(), f"ready:{ch.name}")
                                     for ch in self.channels.values()])
                 if any(s.tick.realtime for s in specs):
                     request_realtime_priority()
                 self.notifier.ready(self.status_line())
-                housekeeping = asyncio.create_task(self._housekeeping(), name="housekeeping")
+                housekeeping = start_task(self._housekeeping(), "housekeeping")
                 stack.callback(housekeeping.cancel)
                 if self.notifier.watchdog_enabled:
-                    watchdog = asyncio.create_task(self._watchdog(), name="watchdog")
+                    watchdog = start_task(self._watchdog(), "watchdog")
                     stack.callback(watchdog.cancel)
                 await self._wait_channels()
         finally:
@@ -286,7 +287,7 @@ class Daemon:
         self.request_stop()
         tasks = [t for t in self._tasks.values() if not t.done()]
         # channels waiting to be restarted are cancelled; running ones drain
-        stopper = asyncio.ensure_future(self.supervisor.stop_all(timeout_s=budget_s + 1.0))
+        stopper = start_task(self.supervisor.stop_all(timeout_s=budget_s + 1.0), "stop-all")
         if tasks:
             _, pending = await asyncio.wait(tasks, timeout=budget_s)
             if pending:
@@ -364,7 +365,7 @@ class Daemon:
                 log.warning("[%s] changed: takes effect at the next restart", section)
         if new.pipeline.tagger != old.pipeline.tagger:
             log.warning("[pipeline] tagger changed: takes effect at the next restart")
-        layout = build_layout(new.pipeline.layout)
+        layout = build_layout(new.pipeline.layout, new)  # checked; each channel builds its own
         specs = {s.name: s for s in new.channel_specs()}
         plans = {}
         for name, ch in self.channels.items():

@@ -22,6 +22,7 @@ from typing import Generic, TypeVar
 
 from subd.errors import UserError
 from subd.service.notify import Notifier
+from subd.tasks import start_task
 
 log = logging.getLogger("subd.service.signals")
 
@@ -108,9 +109,7 @@ class SignalController:
         if self._reload_task is not None and not self._reload_task.done():
             self._reload_again = True
             return
-        self._reload_task = asyncio.get_running_loop().create_task(
-            self._run_reloads(), name="reload"
-        )
+        self._reload_task = start_task(self._run_reloads(), "reload")
 
     async def _run_reloads(self) -> None:
         while True:
@@ -136,8 +135,8 @@ class SignalController:
         self._notifier.stopping(f"stopping: {self.stop_reason}")
         if self._reload_task is not None and not self._reload_task.done():
             self._reload_task.cancel()
-        drain = asyncio.ensure_future(self._drain())
-        forced = asyncio.ensure_future(self._forced.wait())
+        drain = start_task(self._drain(), "drain")
+        forced = start_task(self._forced.wait(), "forced-stop")
         try:
             done, _ = await asyncio.wait(
                 {drain, forced}, timeout=self.drain_timeout_s,

@@ -31,6 +31,7 @@ from subd.service.stages import (  # noqa: F401 - worker targets name them here 
     shared_engine,
     shared_streaming_recognizer,
 )
+from subd.tasks import start_task
 
 log = logging.getLogger("subd.service.supervisor")
 
@@ -118,7 +119,7 @@ class ChannelSupervisor:
             raise ValueError(f"channel {channel.name!r} is already running")
         entry = _Entry(channel)
         self._entries[channel.name] = entry
-        entry.task = asyncio.create_task(self._supervise(entry), name=f"channel:{channel.name}")
+        entry.task = start_task(self._supervise(entry), f"channel:{channel.name}")
         return entry.task
 
     def names(self) -> tuple[str, ...]:

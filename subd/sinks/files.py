@@ -1,8 +1,8 @@
 """Live SRT (through pysrt) and WebVTT files: every committed cue is durable once written, at a
 cost per cue that does not grow with the file.
 
-Committed words are laid out into pop-on cues (:class:`subd.layout.cues.CueLayout`); tentative text
-never reaches a file. Each
+The cues come laid out in each tick's state (the pipeline lays them out once, for every
+sink); only closed, committed cues are written, and tentative text never reaches a file. Each
 committed cue is appended as one block with one ``write`` to a file opened ``O_APPEND``, then
 ``fdatasync``'ed: a cue costs the same at cue 10 and at cue 100 000 (``subd bench livefile``),
 and only cues not yet durable are held in memory. A crash can at worst leave the last block
@@ -29,15 +29,14 @@ import re
 import threading
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, ClassVar
 
 import pysrt
 
 from subd.errors import ConfigError
-from subd.layout.cues import CueLayout, LayoutConfig
-from subd.tasks import cancel_and_wait
+from subd.tasks import cancel_and_wait, start_task
 from subd.types import CaptionState, Cue
 from subd.validate import check_range, from_mapping
 
@@ -54,7 +53,6 @@ class FileSinkConfig:
     fsync: bool = True
     retry_ms: int = 1000  # after a failed write
     max_pending: int = 100_000  # cues held while writes fail (disk full); beyond: dropped
-    layout: LayoutConfig = field(default_factory=LayoutConfig)
     section: str = "sinks.files"
 
     def __post_init__(self) -> None:
@@ -132,7 +130,7 @@ class CueFileSink:
         self.config = config or FileSinkConfig()
         filename = self.config.filename or f"live{self.extension}"
         self.path = confined_path(self.config.directory, filename, self.config.section)
-        self._layout = CueLayout(self.config.layout)
+        self._open: Cue | None = None  # the latest tick's open cue (committed words)
         # committed cues not durable yet: appended here, taken by the writer thread
         self._pending: collections.deque[Cue] = collections.deque()
         self._lock = threading.Lock()
@@ -167,13 +165,16 @@ class CueFileSink:
         self._executor = ThreadPoolExecutor(1, thread_name_prefix=f"subd-{self.name}")
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(self._executor, self._adopt_existing)
-        self._task = asyncio.create_task(self._writer(), name=f"{self.name}-writer")
+        self._task = start_task(self._writer(), f"{self.name}-writer")
 
     def publish(self, state: CaptionState) -> None:
-        self._commit(self._layout.push(state.committed, state.audio_end_ns, state.tentative))
+        self._commit([c for c in state.cues if c.committed])
+        self._open = next((c for c in state.cues if not c.committed), None)
 
     async def close(self) -> None:
-        self._commit(self._layout.finish())
+        if self._open is not None:  # the stream was cut short: its committed words stay
+            self._commit([replace(self._open, committed=True)])
+            self._open = None
         await cancel_and_wait(self._task)
         if self._executor is not None:
             loop = asyncio.get_running_loop()

@@ -25,9 +25,9 @@ from typing import Any
 
 import aiohttp
 
-from subd.layout.cues import CueLayout, LayoutConfig, RollUp
-from subd.tasks import cancel_and_wait
-from subd.types import CaptionState
+from subd.layout.cues import LayoutConfig, RollUp
+from subd.tasks import cancel_and_wait, start_task
+from subd.types import CaptionState, Cue
 from subd.validate import check_choice, check_range, from_mapping
 
 log = logging.getLogger(__name__)
@@ -45,6 +45,7 @@ class OBSConfig:
     min_interval_ms: int = 300
     reconnect_ms: int = 2000
     connect_timeout_ms: int = 5000
+    # roll-up lines (popon cues come laid out by the pipeline: the channel's [layout])
     layout: LayoutConfig = field(
         default_factory=lambda: LayoutConfig(max_chars_per_line=32, section="sinks.obs.layout")
     )
@@ -73,7 +74,7 @@ class OBSSink:
     def __init__(self, config: OBSConfig | None = None) -> None:
         self.config = config or OBSConfig()
         self._rollup = RollUp(self.config.layout)
-        self._cues = CueLayout(self.config.layout)
+        self._open: Cue | None = None  # popon: the latest tick's open cue
         self._pending: str | None = None
         self._last_sent: str | None = None
         self._wake = asyncio.Event()
@@ -94,7 +95,7 @@ class OBSSink:
         return self.config.password
 
     async def start(self) -> None:
-        self._task = asyncio.create_task(self._run(), name="obs-websocket")
+        self._task = start_task(self._run(), "obs-websocket")
 
     def publish(self, state: CaptionState) -> None:
         if self.config.mode == "rollup":
@@ -103,7 +104,8 @@ class OBSSink:
             self._rollup.push(state.committed)
             text = "\n".join(line.committed for line in self._rollup.display() if line.committed)
         else:
-            cues = self._cues.push(state.committed, state.audio_end_ns, state.tentative)
+            self._open = next((c for c in state.cues if not c.committed), None)
+            cues = [c for c in state.cues if c.committed]  # laid out by the pipeline
             if not cues:
                 return
             text = "\n".join(cues[-1].lines)
@@ -112,12 +114,10 @@ class OBSSink:
             self._wake.set()
 
     async def close(self) -> None:
-        if self.config.mode == "popon":
-            cues = self._cues.finish()
-            if cues and self.connected:
-                self._pending = "\n".join(cues[-1].lines)
-                self._wake.set()
-                await asyncio.sleep(0)
+        if self.config.mode == "popon" and self._open is not None and self.connected:
+            self._pending = "\n".join(self._open.lines)  # the last cue, cut short
+            self._wake.set()
+            await asyncio.sleep(0)
         await cancel_and_wait(self._task)
 
     async def _run(self) -> None:
@@ -168,11 +168,11 @@ class OBSSink:
             raise ConnectionError("no Identified reply")
 
     async def _serve(self, ws: aiohttp.ClientWebSocketResponse) -> None:
-        reader = asyncio.create_task(self._read(ws), name="obs-websocket-reader")
+        reader = start_task(self._read(ws), "obs-websocket-reader")
         try:
             while not reader.done():
                 if self._pending is None:
-                    waiter = asyncio.create_task(self._wake.wait())
+                    waiter = start_task(self._wake.wait(), "obs-wake")
                     await asyncio.wait({waiter, reader}, return_when=asyncio.FIRST_COMPLETED)
                     waiter.cancel()
                     self._wake.clear()

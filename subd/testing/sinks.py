@@ -2,16 +2,20 @@
 
 Used by sink tests, the fan-out benchmark and the SIGKILL driver. Words of a text are laid on
 the audio timeline at a given speaking rate; each word is tentative once its audio has been
-heard and committed ``commit_lag_ms`` later, as a streaming recogniser would do.
+heard and committed ``commit_lag_ms`` later, as a streaming recogniser would do; the cues
+are laid out as the pipeline lays them out (once per tick, the stream's last open cue closed
+at its last tick).
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from collections.abc import Iterator, Sequence
 from fractions import Fraction
 
+from subd.layout.cues import CueLayout, LayoutConfig
 from subd.types import CaptionState, TaggedWord, Word
 
 NS_PER_S = 1_000_000_000
@@ -59,11 +63,13 @@ def script_states(
     t0_ns: int = 0,
     audio_per_tick: Fraction = Fraction(1),
     tail_ms: int = 3000,
+    layout: LayoutConfig | None = None,
 ) -> Iterator[CaptionState]:
     """One state per tick: ``due_ns = t0 + (k+1)·P + D``; audio advances ``audio_per_tick``·P.
 
     ``audio_per_tick`` > 1 compresses time (more audio per tick), for fast tests.
     """
+    cues = CueLayout(layout)
     period = Fraction(NS_PER_S) / fps
     lag_ns = commit_lag_ms * 1_000_000
     end_ns = (words[-1].word.end_ns if words else 0) + lag_ns + tail_ms * 1_000_000
@@ -76,15 +82,18 @@ def script_states(
         while n_committed < len(words) and words[n_committed].word.end_ns + lag_ns <= audio_end:
             n_committed += 1
         heard = [w for w in words[n_committed:] if w.word.end_ns <= audio_end]
-        yield CaptionState(
+        state = cues.apply(CaptionState(
             k=k,
             due_ns=due,
             audio_end_ns=audio_end,
             committed=tuple(words[first:n_committed]),
             tentative=" ".join(w.text.lower() for w in heard),
-        )
+        ))
         if audio_end >= end_ns:
+            closed = tuple(c for c in state.cues if c.committed)
+            yield dataclasses.replace(state, cues=closed + tuple(cues.finish()))
             return
+        yield state
         k += 1
 
 
@@ -94,8 +103,6 @@ async def feed(sinks: Sequence, states: Iterator[CaptionState], *, t0_ns: int | 
 
     The states' own ``due_ns`` are replaced by ``t0_ns + (k+1)·P + D`` on the real clock.
     """
-    import dataclasses
-
     period = Fraction(NS_PER_S) / fps
     t0 = time.monotonic_ns() if t0_ns is None else t0_ns
     n = 0

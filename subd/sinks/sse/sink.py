@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
@@ -40,7 +39,13 @@ from typing import Any
 from aiohttp import web
 from aiohttp.http import HttpVersion11
 
-from subd.layout.cues import CueLayout, token_of
+from subd.layout.cues import token_of
+from subd.sinks.sse.clients import (  # noqa: F401 - quickest: named by tests
+    FanoutBalance,
+    _Client,
+    _write_now,
+    quickest,
+)
 from subd.sinks.sse.link import WorkerLink
 from subd.sinks.sse.wire import (
     HEARTBEAT,
@@ -56,7 +61,7 @@ from subd.sinks.sse.wire import (
     unix_ns,
 )
 from subd.sinks.sse.worker import moving_average, reset_on_close
-from subd.tasks import cancel_and_wait
+from subd.tasks import cancel_and_wait, start_task
 from subd.types import CaptionState
 
 log = logging.getLogger(__name__)
@@ -75,54 +80,7 @@ class _Prepared:
     cues: list[list[Any]]
 
 
-class _Client:
-    __slots__ = ("id", "transport", "fd", "chunked", "done", "stalled_ns", "resync",
-                 "last_write_ns", "link")
-
-    def __init__(self, client_id: int, transport: asyncio.Transport, chunked: bool,
-                 now_ns: int) -> None:
-        self.id = client_id
-        self.transport = transport
-        sock = transport.get_extra_info("socket")
-        self.fd = sock.fileno() if sock is not None else -1  # written directly when idle
-        self.link: WorkerLink | None = None  # the worker writing to it, None: this process
-        self.chunked = chunked
-        self.done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self.stalled_ns: int | None = None
-        self.resync = False
-        self.last_write_ns = now_ns
-
-    def finish(self) -> None:
-        if not self.done.done():
-            self.done.set_result(None)
-
-
-def _write_now(client: _Client, data: bytes) -> bool:
-    """Write to a client whose transport holds nothing unsent: straight to its socket (the
-    transport's own path costs ~1 us more a client, a fifth of the send), the rest (if the
-    socket is full) through the transport, which keeps the order and reports errors. True
-    if the socket took it all."""
-    try:
-        n = os.write(client.fd, data)
-    except OSError:  # full; or reset, broken pipe: the transport's write sees it and closes
-        n = 0
-    if n < len(data):
-        client.transport.write(data[n:])
-        return False
-    return True
-
-
-def quickest(here_ns: float, shares: list[tuple[int, float]]) -> int | None:
-    """Which worker would write one more client soonest, given each one's tight loop as
-    (clients, ns per client): its index if that is sooner than ``here_ns``, else None."""
-    if not shares:
-        return None
-    ends = [(n + 1) * ns for n, ns in shares]
-    i = min(range(len(ends)), key=ends.__getitem__)
-    return i if ends[i] < here_ns else None
-
-
-class SSESink:
+class SSESink(FanoutBalance):
     name = "sse"
 
     def __init__(
@@ -130,7 +88,6 @@ class SSESink:
     ) -> None:
         self.config = config or SSEConfig()
         self._clock = clock
-        self._layout = CueLayout(self.config.layout)
         self._history: deque[tuple[int, bytes]] = deque(maxlen=self.config.history_ticks)
         self._words: deque[list[Any]] = deque(maxlen=self.config.resync_words)
         self._cues: deque[list[Any]] = deque(maxlen=4)
@@ -196,7 +153,7 @@ class SSESink:
             for _ in range(cfg.fanout_workers)]
         for link in list(self._links):
             await link.wait_ready()  # a failed one is logged and left out: this one serves
-        self._heartbeat = asyncio.create_task(self._heartbeats(), name="sse-heartbeat")
+        self._heartbeat = start_task(self._heartbeats(), "sse-heartbeat")
 
     async def close(self) -> None:
         await cancel_and_wait(self._heartbeat)
@@ -272,7 +229,7 @@ class SSESink:
         self._rebalance()
 
     def _encode(self, state: CaptionState) -> _Prepared:
-        closed = self._layout.push(state.committed, state.audio_end_ns, state.tentative)
+        closed = [c for c in state.cues if c.committed]  # laid out once, by the pipeline
         words = [[w.text, w.start_ns, w.end_ns] for w in map(token_of, state.committed)]
         cues = [cue_json(c) for c in closed]
         return self._encoded(state, delta_payload(state, self._n_words, words, cues))
@@ -338,87 +295,6 @@ class SSESink:
             client.link.n_clients -= 1
             client.link.remove(client.id)
             client.link = None
-
-    def _hand_off(self, client: _Client) -> None:
-        """Give an up-to-date client to the worker that would write it soonest (by measured
-        time; by count before anything is measured), unless this process would.
-
-        Synchronous: everything published so far is already in the kernel, and every later
-        tick goes to the worker after the hand-over message, so nothing is lost or reordered.
-        """
-        if self._prepared is not None:  # the workers already hold the prepared tick: the
-            self._handoffs.append(client)  # client gets it from here, then moves (publish)
-            return
-        links = [link for link in self._links if link.alive]
-        sock = self._movable(client) if links and client in self._clients else None
-        if sock is None:
-            return
-        if self._send_ns and all(lk.send_ns for lk in links):  # by time: where it ends first
-            link = self._quickest_link((self._n_fast + 1) * self._send_ns, links)
-            if link is None:
-                return
-        else:  # nothing measured yet: by count
-            link = min(links, key=lambda lk: lk.n_clients)
-            if link.n_clients >= len(self._clients) - 1:
-                return  # this process takes its share: it is awake at T(k), a worker too
-        self._move(client, link, sock)
-
-    @staticmethod
-    def _quickest_link(here_ns: float, links: list[WorkerLink]) -> WorkerLink | None:
-        i = quickest(here_ns, [(link.n_fast, link.send_ns) for link in links])
-        return None if i is None else links[i]
-
-    @staticmethod
-    def _movable(client: _Client) -> Any:
-        """The socket of a client up to date with everything published, else None (the test
-        ``publish``'s tight loop inlines, with ``fd``, to save a call per client)."""
-        transport = client.transport
-        if (not client.chunked or client.resync or client.stalled_ns is not None
-                or transport.get_write_buffer_size() or transport.is_closing()):
-            return None
-        return transport.get_extra_info("socket")
-
-    def _move(self, client: _Client, link: WorkerLink, sock: Any) -> None:
-        del self._clients[client]
-        self._remote[client.id] = client
-        client.link = link
-        link.n_clients += 1
-        link.n_fast += 1  # until its next report
-        link.add(client.id, os.dup(sock.fileno()), client.last_write_ns)
-
-    def _rebalance(self) -> None:
-        """Hand one up-to-date client to the worker that would write it soonest, if sooner
-        than this process's tight loop ends now (one a tick: the workers' reports follow)."""
-        links = [link for link in self._links if link.alive and link.send_ns]
-        if not links or not self._send_ns or self._n_fast < 2:
-            return
-        link = self._quickest_link(self._n_fast * self._send_ns, links)
-        if link is None:
-            return
-        for client in reversed(self._clients):  # the newest up-to-date one
-            sock = self._movable(client)
-            if sock is not None:
-                self._n_fast -= 1
-                self._move(client, link, sock)
-                return
-
-    def _gone(self, client_id: int, dropped: bool) -> None:
-        """A worker closed a client: reset by the peer, or dropped for not reading."""
-        client = self._remote.pop(client_id, None)
-        if client is None:
-            return
-        if client.link is not None:
-            client.link.n_clients -= 1
-            client.link = None
-        self.n_dropped += dropped
-        self._retire(client, dropped=dropped)
-
-    def _link_failed(self, link: WorkerLink) -> None:
-        self._links = [lk for lk in self._links if lk is not link]
-        self._failed.append(link)
-        for client in [c for c in self._remote.values() if c.link is link]:
-            client.link = None
-            self._gone(client.id, dropped=False)
 
     def full_event(self) -> bytes:
         """The full-state resync event for the latest tick (cached per tick)."""

@@ -7,12 +7,11 @@ import json
 import socket
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
 
-from subd.layout.cues import LayoutConfig
 from subd.types import CaptionState, Cue
 from subd.validate import check_range, from_mapping
 
@@ -37,7 +36,6 @@ class SSEConfig:
     # small one makes a non-reading client cheap to skip soon and bounds kernel memory
     cors_origins: tuple[str, ...] = ()  # allowed Origin values; "*" allows any
     latency_ms: int = 0  # the daemon's D: lets the overlay map audio time to capture time
-    layout: LayoutConfig = field(default_factory=LayoutConfig)
     section: str = "sinks.sse"
 
     def __post_init__(self) -> None:
