@@ -55,7 +55,9 @@ class LanguageTracker:
                  sure_probability: float = 0.5) -> None:
         self.engine = engine
         self.span = span
-        self.choice = initial_choice(check_language(requested), engine.tokenizer.multilingual)
+        # a stand-in engine (tests) may have no tokenizer: it is English-only then
+        multilingual = getattr(getattr(engine, "tokenizer", None), "multilingual", False)
+        self.choice = initial_choice(check_language(requested), multilingual)
         self.min_speech_ms = min_speech_ms
         self.decide_speech_ms = decide_speech_ms
         self.max_wait_ms = max_wait_ms
