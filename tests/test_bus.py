@@ -10,6 +10,7 @@ nothing but a delay.
 
 from __future__ import annotations
 
+import json
 import signal
 import statistics
 import time
@@ -116,6 +117,25 @@ def test_both_edges_publish_each_tick_at_its_due_time(cluster):
     finally:
         for c in (*clients, local):
             c.close()
+
+
+def test_an_edge_serves_any_channel_on_the_bus_and_only_those(cluster):
+    import urllib.error
+    import urllib.request
+
+    _, _, edges, _ = cluster
+    base = f"http://127.0.0.1:{edges[0].port}"
+    with urllib.request.urlopen(f"{base}/c/main/overlay", timeout=10) as resp:
+        assert resp.status == 200 and resp.headers["Content-Type"].startswith("text/html")
+    for path in ("/c/nope/events", "/c/Bad!Name/events"):
+        with pytest.raises(urllib.error.HTTPError) as err:
+            urllib.request.urlopen(base + path, timeout=10)
+        err.value.close()
+        assert err.value.code == 404
+    with urllib.request.urlopen(f"{base}/healthz", timeout=10) as resp:
+        health = json.loads(resp.read())
+    assert health["status"] == "ok" and health["channels"]["main"]["bus_up"]
+    assert health["channels"]["main"]["last_k"] > 0
 
 
 def test_last_event_id_replay_across_an_edge_restart(cluster):
@@ -275,4 +295,39 @@ def test_a_daemon_that_lost_its_lease_cannot_write(tmp_path):
     try:
         asyncio.run(main())
     finally:
+        redis.stop()
+
+
+def test_a_stopped_daemon_hands_its_channel_over_at_once(tmp_path):
+    """SIGTERM (maintenance): the holder drains, gives its lease up, and the standby takes the
+    channel at its next try instead of waiting for the lease to expire."""
+    redis = RedisProc(tmp_path).start()
+    daemons = [start_daemon(tmp_path, name, redis.url, ttl_ms=8000) for name in ("a", "b")]
+    edge = start_edge(tmp_path, "edge", redis.url)
+    client = None
+    try:
+        wait_serving(edge)
+        client = SSEClient(edge.port)
+        client.wait_for_k(client.last_k() + 30)
+        holder = next(d for d in daemons if "lease taken" in d.log_text())
+        standby = next(d for d in daemons if d is not holder)
+        stopped_ns = time.monotonic_ns()
+        holder.stop()
+        first = wait_for(lambda: next((e for e in client.events
+                                       if e.arrival_ns > stopped_ns + 500 * MS
+                                       and "lease taken" in standby.log_text()), None),
+                         30, "the standby's first tick", standby.proc, standby.log)
+        # sooner than the 8 s lease could expire (+ D = 1 s and the start-up): the holder's
+        # drain, the standby's next try (every ttl/3) and its start
+        assert first.arrival_ns - stopped_ns < 7_500 * MS, \
+            f"{(first.arrival_ns - stopped_ns) / 1e9:.1f} s"
+        client.wait_for_k(first.data["k"] + 30)
+        after = [e for e in client.events if e.data["k"] >= first.data["k"] - 30]
+        assert_contiguous(after, "the channel across the hand-over")
+    finally:
+        if client is not None:
+            client.close()
+        edge.stop()
+        for d in daemons:
+            d.stop()
         redis.stop()
