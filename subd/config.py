@@ -114,6 +114,9 @@ class RecognizerConfig:
     # every channel's decodes batched in one recogniser (subd.gpu.serve): "auto" = on CUDA
     # always, on the CPU from 2 channels on; "on"; "off" (one decode at a time, as before)
     batched: str = field(default="auto", metadata=choice("auto", "on", "off"))
+    # a loaded, idle twin of each stage process takes over at once when one dies or hangs
+    # (subd.service.stages): recovery without a model load, for one more model in memory
+    spare_process: bool = False
 
     def __post_init__(self) -> None:
         if not self.model:  # frozen: the default model is chosen once, here

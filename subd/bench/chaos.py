@@ -67,6 +67,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--every-s", type=float, default=40.0, help="mean time between faults")
     p.add_argument("--seed", type=int, default=18)
     p.add_argument("--keep", help="keep the work directory here (logs, files)")
+    p.add_argument("--no-spare", dest="spare", action="store_false",
+                   help="no spare stage processes ([recognizer] spare_process = false): a "
+                        "stage fault waits for a model load")
     p.set_defaults(func=run)
 
 
@@ -78,7 +81,7 @@ class Chaos:
         self.tmpfs = self._mount_tmpfs(work / "srt-file")
         self.port = free_port()
         self.notify = Notify(work / "notify.sock")
-        self.daemon = Daemon(work, self.port, self.notify.path)
+        self.daemon = Daemon(work, self.port, self.notify.path, args.spare)
         # kind, when it began, when its condition ended (recovery counts from there), channels
         self.faults: list[tuple[str, float, float, tuple[str, ...]]] = []
         self.disk_full: list[tuple[float, float]] = []
@@ -137,7 +140,7 @@ class Chaos:
             self.sockets += idle_clients(self.port, "file", 20)
         elif kind == "sighup":
             self.latency_ms = 2600 if self.latency_ms == LATENCY_MS else LATENCY_MS
-            d.config.write_text(config_text(self.work, self.port, self.latency_ms))
+            d.config.write_text(config_text(self.work, self.port, self.latency_ms, d.spare))
             d.proc.send_signal(signal.SIGHUP)
         self.faults.append((kind, now, now + lasts_s.get(kind, 0.0),
                             AFFECTS.get(kind, CHANNELS)))
@@ -229,7 +232,8 @@ class Chaos:
         misses, n_ticks = self.misses_outside(windows)
         later = [m for t, m in rss if t >= 120]
         growth = (later[-1] / later[0] - 1) * 100 if len(later) >= 2 else float("nan")
-        return {"minutes": (end_at - t0) / 60, "recovery_s": by_kind, "lost": lost,
+        return {"minutes": (end_at - t0) / 60, "spare": self.args.spare,
+                "recovery_s": by_kind, "lost": lost,
                 "misses": (misses, n_ticks), "rss": rss, "rss_growth_pct": growth,
                 "exits": self.daemon.exits, "final_exit_code": code,
                 "watchdog_longest_gap_s": self.notify.longest_gap_s(end_at),
@@ -253,7 +257,8 @@ def pct(values: list[float], q: float) -> float:
 
 def print_report(r: dict) -> None:
     print(f"chaos: {r['minutes']:.1f} min, 2 channels (file loop, HTTP push), D = "
-          f"{LATENCY_MS} ms, watchdog {WATCHDOG_S} s")
+          f"{LATENCY_MS} ms, watchdog {WATCHDOG_S} s, spare stage processes: "
+          f"{'yes' if r['spare'] else 'no'}")
     print("recovery (fault or its end -> a word spoken after it arrives over SSE; includes D):")
     for kind, values in r["recovery_s"].items():
         print(f"  {kind:16s} n={len(values):2d}  p50 {pct(values, 50):6.1f} s  "

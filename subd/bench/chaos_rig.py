@@ -30,8 +30,10 @@ WATCHDOG_S = 10  # as the shipped units' WatchdogSec
 LATENCY_MS = 2000
 
 
-def config_text(work: Path, port: int, latency_ms: int = LATENCY_MS) -> str:
+def config_text(work: Path, port: int, latency_ms: int = LATENCY_MS, spare: bool = True) -> str:
     return f"""
+[recognizer]
+spare_process = {"true" if spare else "false"}
 [tick]
 latency_ms = {latency_ms}
 max_latency_ms = 4000
@@ -113,10 +115,10 @@ def rss_mb(pids: list[int]) -> float:
 class Daemon:
     """``subd run`` as a subprocess; started again (and counted) if it ever exits."""
 
-    def __init__(self, work: Path, port: int, notify_path: Path) -> None:
-        self.work, self.port = work, port
+    def __init__(self, work: Path, port: int, notify_path: Path, spare: bool) -> None:
+        self.work, self.port, self.spare = work, port, spare
         self.config = work / "subd.toml"
-        self.config.write_text(config_text(work, port))
+        self.config.write_text(config_text(work, port, spare=spare))
         self.log = open(work / "daemon.log", "ab")  # noqa: SIM115 - the daemon's lifetime
         self.env = {**os.environ, "NOTIFY_SOCKET": str(notify_path),
                     "WATCHDOG_USEC": str(WATCHDOG_S * 1_000_000), "PYTHONUNBUFFERED": "1"}

@@ -152,7 +152,8 @@ class Daemon:
     async def _start_workers(self, stack: AsyncExitStack) -> None:
         cfg = self.config
         # a respawned stage loads its model again: it gets the same start limit
-        policy = StagePolicy(start_timeout_s=cfg.recognizer.start_timeout_s)
+        policy = StagePolicy(start_timeout_s=cfg.recognizer.start_timeout_s,
+                             spare=cfg.recognizer.spare_process)
         shared_class = BatchingSharedWorker if self._batched() else SharedWorker
         self.recogniser = shared_class(self._recogniser_worker(), policy=policy,
                                        on_state=self._on_stage)
@@ -173,6 +174,7 @@ class Daemon:
                 raise outcome
         for sw in shared:
             self._on_stage(sw.name, UP, "")
+            sw.keep_spare()  # loads in the background (policy.spare)
         self.metrics.model_loaded.set(1)
         self.health.set_model_loaded()
         self.context = ChannelContext(

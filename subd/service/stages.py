@@ -47,6 +47,10 @@ class StagePolicy:
     hang_factor: int = 5  # ... nor within this many times the slowest recent answer
     unmeasured_limit_ns: int = 120_000_000_000  # a kind of request not measured 3 times yet
     start_timeout_s: float = 300.0  # a respawn loads the model again
+    # a second process, loaded and idle, takes over at once when the stage dies or hangs (one
+    # more model in memory): recovery is an attach instead of a model load, which took 12-30 s
+    # on the loaded 2-core machine (importing torch alone 12 s)
+    spare: bool = False
 
     def backoff_ns(self, n_consecutive: int) -> int:
         if n_consecutive <= 1:
@@ -166,8 +170,41 @@ class SharedWorker:
         self._consecutive = 0
         self._costs: dict[str, deque[int]] = {}
         self._respawner: asyncio.Task | None = None
+        self._spare: Any | None = None  # a loaded twin of the worker (policy.spare)
+        self._spare_task: asyncio.Task | None = None
         if self.supervised:
             worker.on_exit = self._on_exit  # a death between requests is seen at once
+
+    def keep_spare(self) -> None:
+        """Start loading a spare process in the background (policy.spare), if none is."""
+        if not (self.supervised and self.policy.spare) or self._spare is not None or \
+                (self._spare_task is not None and not self._spare_task.done()):
+            return
+        self._spare_task = asyncio.get_running_loop().create_task(
+            self._load_spare(), name=f"spare:{self.name}")
+
+    async def _load_spare(self) -> None:
+        spare = self.worker.twin()
+        try:
+            await spare.start(self.policy.start_timeout_s)
+        except asyncio.CancelledError:
+            await spare.close(1.0)
+            raise
+        except Exception as exc:  # noqa: BLE001 - a respawn still works without one
+            log.warning("%s stage: the spare process did not start: %s", self.name,
+                        describe(exc))
+            await spare.close(1.0)
+            return
+        spare.on_exit = self._spare_died
+        self._spare = spare
+        log.info("%s stage: spare process ready (pid %s)", self.name, spare.pid)
+
+    def _spare_died(self) -> None:
+        log.warning("%s stage: the spare process died; loading another", self.name)
+        dead, self._spare = self._spare, None
+        if dead is not None:
+            asyncio.get_running_loop().create_task(dead.close(1.0), name="reap-spare")
+        self.keep_spare()
 
     # -- supervision ----------------------------------------------------------------------------
 
@@ -222,8 +259,16 @@ class SharedWorker:
         self._report(UP, f"respawned after: {self.last_error}")
 
     async def _start_again(self) -> None:
-        await self.worker.close(1.0)  # reaps the dead (or killed) process
-        await self.worker.start(self.policy.start_timeout_s)
+        spare, self._spare = self._spare, None
+        if spare is not None and spare.alive:
+            dead, self.worker = self.worker, spare  # loaded already: take over at once
+            dead.on_exit = None
+            spare.on_exit = self._on_exit
+            asyncio.get_running_loop().create_task(dead.close(1.0), name=f"reap:{self.name}")
+        else:
+            await self.worker.close(1.0)  # reaps the dead (or killed) process
+            await self.worker.start(self.policy.start_timeout_s)
+        self.keep_spare()  # for the next time
         self.generation += 1
         for cw in list(self._channels.values()):
             call = self.worker.call(Attach(cw.channel, cw.resume.host(cw.host)))
@@ -244,6 +289,7 @@ class SharedWorker:
 
     async def _call(self, request: Any, now_ns: int = 0) -> Any:
         await self._lock.acquire()
+        # not a named task: StageDown, its expected failure, is the caller's to handle
         task = asyncio.ensure_future(self._answer(request, now_ns))
 
         def done(t: asyncio.Future) -> None:
@@ -295,9 +341,14 @@ class SharedWorker:
             log.debug("detaching %s: %s", channel, describe(exc))
 
     async def close(self, timeout_s: float = 1.0) -> None:
-        if self._respawner is not None:
-            self._respawner.cancel()
-            await asyncio.gather(self._respawner, return_exceptions=True)
+        for task in (self._respawner, self._spare_task):
+            if task is not None:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+        if self._spare is not None:
+            self._spare.on_exit = None
+            await self._spare.close(timeout_s)
+            self._spare = None
         await self.worker.close(timeout_s)
 
 

@@ -189,6 +189,15 @@ class ProcessWorker:
             except (OSError, ValueError):
                 pass
 
+    def twin(self) -> ProcessWorker:
+        """An unstarted worker for the same host (a spare, kept loaded to take over)."""
+        return ProcessWorker(self.name, self._spec, start_method=self._ctx.get_start_method(),
+                             nice=self._nice)
+
+    @property
+    def alive(self) -> bool:
+        return self._ready and not self._dead
+
     @property
     def pid(self) -> int | None:
         return self._proc.pid if self._proc is not None else None
