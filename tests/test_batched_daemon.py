@@ -1,0 +1,66 @@
+"""``subd run`` with [recognizer] batched = "on": two channels, one recogniser process, their
+decodes batched (subd.service.batching); each channel gets its own clip's words, on time."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+
+import pytest
+from daemon_helpers import LIBRIVOX, free_port, read_jsonl, start_daemon, wait_for
+
+from subd.scoring.wer import normalise, wer
+
+CLIPS = sorted(LIBRIVOX.glob("*.wav"))[:2] if LIBRIVOX.is_dir() else []
+
+pytestmark = pytest.mark.skipif(
+    len(CLIPS) < 2 or importlib.util.find_spec("subd.recognise.streaming") is None,
+    reason="needs the LibriVox clips (pocketsphinx-testdata) and the streaming recogniser")
+
+
+def _reference(path) -> str:
+    from subd.bench.realtime import librivox_clips
+
+    return dict((p.name, text) for p, text in librivox_clips())[path.name]
+
+
+def test_two_channels_share_one_batched_recogniser(tmp_path):
+    port = free_port()
+    channels = "".join(f"""
+[channels.{name}.source]
+kind = "file"
+path = "{clip}"
+loop = false
+speed = 2.0
+[channels.{name}.events]
+path = "{tmp_path}/{name}.jsonl"
+""" for name, clip in zip("ab", CLIPS, strict=True))
+    daemon = start_daemon(tmp_path, f"""
+[tick]
+latency_ms = 2000
+[recognizer]
+batched = "on"
+precision = "fp32"
+[pipeline]
+tagger = "none"
+[server]
+port = {port}
+[sinks]
+enabled = ["sse"]
+{channels}""", port)
+    try:
+        wait_for(lambda: daemon.log_text().count("published") >= 2, 300,
+                 "both channels to finish", daemon.proc, daemon.log)
+    finally:
+        daemon.stop()
+    log = daemon.log_text()
+    assert "recognise: one process for every channel, their requests batched" in log
+    batched = [line for line in log.splitlines() if "requests in" in line and "batches" in line]
+    assert batched, log[-2000:]
+    n_items, n_batches = (int(x) for x in re.findall(r"(\d+) requests in (\d+) batches",
+                                                      batched[0])[0])
+    assert n_items > n_batches  # the two channels' updates went out together
+    for name, clip in zip("ab", CLIPS, strict=True):
+        _, ticks = read_jsonl(tmp_path / f"{name}.jsonl")
+        words = [w["w"] for t in ticks for w in t["committed"]]
+        assert wer(normalise(_reference(clip)), normalise(" ".join(words))) <= 0.25, words
