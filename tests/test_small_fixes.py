@@ -78,3 +78,27 @@ def test_metrics_count_a_miss_where_the_scheduler_does():
            if s.labels.get("channel") == "a"}
     assert got["subd_deadline_misses_total"] == 1
     assert got["subd_ticks_total"] == 3
+
+
+def test_a_sink_failing_every_tick_is_counted_and_still_logged_after_the_first_ten(caplog):
+    """Today's log went quiet after 9 errors; now the first 10 and every 1000th are logged,
+    all counted (the channel's observer exports the count as subd_sink_errors)."""
+    import logging
+
+    from subd.pipeline.publish import TickPublisher
+    from subd.pipeline.tickstats import Counters
+
+    class Broken:
+        name = "broken"
+
+    publisher = TickPublisher()
+    publisher.counters = Counters()
+    with caplog.at_level(logging.ERROR, logger="subd.pipeline.scheduler"):
+        for k in range(2500):
+            try:
+                raise OSError("disk full")
+            except OSError:
+                publisher._sink_failed(Broken(), "publish", k)
+    assert publisher.counters.sink_errors == 2500
+    assert len(caplog.records) == 12
+    assert "2000 sink errors so far" in caplog.records[-1].getMessage()

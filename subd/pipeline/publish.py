@@ -80,6 +80,17 @@ class TickPublisher:
         self._carried_cues += tuple(self.layout.finish())
         self.layout = layout
 
+    def _sink_failed(self, sink: Any, what: str, k: int) -> None:
+        """Counted always (subd_sink_errors); logged with its traceback the first 10 times, then
+        once every 1000 with the count, so a sink failing every tick neither floods the log
+        nor goes quiet."""
+        n = self.counters.sink_errors = self.counters.sink_errors + 1
+        name = getattr(sink, "name", sink)
+        if n <= 10:
+            log.exception("sink %s failed to %s tick %d", name, what, k)
+        elif n % 1000 == 0:
+            log.error("sink %s failed to %s tick %d (%d sink errors so far)", name, what, k, n)
+
     def _prepare_sinks(self, state: CaptionState) -> None:
         """Sinks that can encode ahead (``prepare``) do it now, so T(k) only writes."""
         for sink in self.sinks:
@@ -89,20 +100,14 @@ class TickPublisher:
             try:
                 prepare(state)
             except Exception:  # noqa: BLE001 - a broken sink must not stop the clock
-                self.counters.sink_errors += 1
-                if self.counters.sink_errors < 10:
-                    log.exception("sink %s failed to prepare tick %d",
-                                  getattr(sink, "name", sink), state.k)
+                self._sink_failed(sink, "prepare", state.k)
 
     def _emit(self, state: CaptionState, sent_ns: int) -> None:
         for sink in self.sinks:
             try:
                 sink.publish(state)
             except Exception:  # noqa: BLE001 - a broken sink must not stop the clock
-                self.counters.sink_errors += 1
-                if self.counters.sink_errors < 10:
-                    log.exception("sink %s failed to publish tick %d",
-                                  getattr(sink, "name", sink), state.k)
+                self._sink_failed(sink, "publish", state.k)
         c = self.counters
         c.ticks += 1
         err = sent_ns - state.due_ns
