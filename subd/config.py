@@ -17,13 +17,13 @@ from __future__ import annotations
 import dataclasses
 import re
 import tomllib
-import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
 from subd.errors import ConfigError
 from subd.script import check_language, default_model
+from subd.validate import build_section, choice, rng  # noqa: F401 - named here
 
 T = TypeVar("T")
 
@@ -46,14 +46,6 @@ def register_section(name: str):
         return cls
 
     return deco
-
-
-def rng(lo: float | None = None, hi: float | None = None) -> dict:
-    return {"range": (lo, hi)}
-
-
-def choice(*values: str) -> dict:
-    return {"choices": values}
 
 
 @register_section("tick")
@@ -197,63 +189,6 @@ class BusConfig:
                               "unix:/// URL")
         if not _BUS_PREFIX.match(self.prefix):
             raise ConfigError(f"[bus] prefix: {self.prefix!r}: 1-64 of A-Z, a-z, 0-9, _ . -")
-
-
-def _type_name(tp: Any) -> str:
-    return getattr(tp, "__name__", str(tp))
-
-
-def _check_value(section: str, key: str, tp: Any, value: Any, meta: dict) -> Any:
-    where = f"[{section}] {key}"
-    origin = typing.get_origin(tp)
-    if origin is list:
-        (item_tp,) = typing.get_args(tp)
-        if not isinstance(value, list):
-            raise ConfigError(f"{where}: expected a list of {_type_name(item_tp)}")
-        return [_check_value(section, key, item_tp, v, {}) for v in value]
-    if tp is bool:
-        if not isinstance(value, bool):
-            raise ConfigError(f"{where}: expected true or false, got {value!r}")
-    elif tp is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(f"{where}: expected an integer, got {value!r}")
-    elif tp is float:
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise ConfigError(f"{where}: expected a number, got {value!r}")
-        value = float(value)
-    elif tp is str:
-        if not isinstance(value, str):
-            raise ConfigError(f"{where}: expected a string, got {value!r}")
-    lo, hi = meta.get("range", (None, None))
-    if (lo is not None and value < lo) or (hi is not None and value > hi):
-        raise ConfigError(f"{where}: {value!r} is out of range ({lo}..{hi})")
-    choices = meta.get("choices")
-    if choices and value not in choices:
-        raise ConfigError(f"{where}: {value!r} is not one of {', '.join(choices)}")
-    return value
-
-
-def build_section(name: str, cls: type[T], table: dict[str, Any]) -> T:
-    """Validate one TOML table into ``cls`` (a dataclass with defaults for every field)."""
-    if not isinstance(table, dict):
-        raise ConfigError(f"[{name}]: expected a table")
-    hints = typing.get_type_hints(cls)
-    fields = {f.name: f for f in dataclasses.fields(cls)}
-    unknown = sorted(set(table) - set(fields))
-    if unknown:
-        raise ConfigError(
-            f"[{name}] {unknown[0]}: unknown key (known: {', '.join(sorted(fields))})"
-        )
-    values = {k: _check_value(name, k, hints[k], v, dict(fields[k].metadata))
-              for k, v in table.items()}
-    try:
-        obj = cls(**values)
-    except (TypeError, ValueError) as exc:
-        raise ConfigError(f"[{name}]: {exc}") from None
-    validate = getattr(obj, "validate", None)
-    if callable(validate):
-        validate()
-    return obj
 
 
 CHANNEL_NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,31}$")

@@ -1,8 +1,11 @@
-"""Building frozen sink config dataclasses from TOML tables, with one-line ConfigErrors."""
+"""Building frozen config dataclasses from TOML tables, with one-line ConfigErrors: the core
+sections' rules (:func:`build_section`, fields carrying :func:`rng` and :func:`choice` in their
+metadata) and the sinks' and stages' own checks (:func:`check_range`, :func:`from_mapping`)."""
 
 from __future__ import annotations
 
 import dataclasses
+import typing
 from collections.abc import Mapping
 from typing import Any, TypeVar
 
@@ -64,3 +67,68 @@ def from_mapping(
         return cls(**kwargs)
     except TypeError as exc:  # missing required keys
         raise ConfigError(f"[{section}] {exc}") from None
+
+
+def rng(lo: float | None = None, hi: float | None = None) -> dict:
+    return {"range": (lo, hi)}
+
+
+def choice(*values: str) -> dict:
+    return {"choices": values}
+
+
+def _type_name(tp: Any) -> str:
+    return getattr(tp, "__name__", str(tp))
+
+
+def _check_value(section: str, key: str, tp: Any, value: Any, meta: dict) -> Any:
+    where = f"[{section}] {key}"
+    origin = typing.get_origin(tp)
+    if origin is list:
+        (item_tp,) = typing.get_args(tp)
+        if not isinstance(value, list):
+            raise ConfigError(f"{where}: expected a list of {_type_name(item_tp)}")
+        return [_check_value(section, key, item_tp, v, {}) for v in value]
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{where}: expected true or false, got {value!r}")
+    elif tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{where}: expected an integer, got {value!r}")
+    elif tp is float:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ConfigError(f"{where}: expected a number, got {value!r}")
+        value = float(value)
+    elif tp is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"{where}: expected a string, got {value!r}")
+    lo, hi = meta.get("range", (None, None))
+    if (lo is not None and value < lo) or (hi is not None and value > hi):
+        raise ConfigError(f"{where}: {value!r} is out of range ({lo}..{hi})")
+    choices = meta.get("choices")
+    if choices and value not in choices:
+        raise ConfigError(f"{where}: {value!r} is not one of {', '.join(choices)}")
+    return value
+
+
+def build_section(name: str, cls: type[T], table: dict[str, Any]) -> T:
+    """Validate one TOML table into ``cls`` (a dataclass with defaults for every field)."""
+    if not isinstance(table, dict):
+        raise ConfigError(f"[{name}]: expected a table")
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(table) - set(fields))
+    if unknown:
+        raise ConfigError(
+            f"[{name}] {unknown[0]}: unknown key (known: {', '.join(sorted(fields))})"
+        )
+    values = {k: _check_value(name, k, hints[k], v, dict(fields[k].metadata))
+              for k, v in table.items()}
+    try:
+        obj = cls(**values)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"[{name}]: {exc}") from None
+    validate = getattr(obj, "validate", None)
+    if callable(validate):
+        validate()
+    return obj

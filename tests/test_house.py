@@ -10,6 +10,7 @@ import logging
 import os
 import signal
 import textwrap
+import tomllib
 from pathlib import Path
 
 import numpy as np
@@ -159,6 +160,14 @@ def test_every_folder_says_what_it_is_for_and_what_it_may_import():
             if len(doc.split()) < 5 or "import" not in doc.lower():
                 missing.append(str(init.relative_to(ROOT)))
     assert missing == []
+
+
+def test_every_folder_is_installed_as_a_package():
+    """A non-editable install ships only the packages pyproject.toml lists."""
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+                 ["packages"])
+    folders = {name for name, path in package_modules().items() if path.name == "__init__.py"}
+    assert folders - listed == set()
 
 
 def test_the_readme_points_at_nothing_outside_the_repository():

@@ -104,7 +104,7 @@ def test_bad_config_file_is_one_line(tmp_path, silent_wav, capsys):
 
 needs_recogniser = pytest.mark.skipif(
     importlib.util.find_spec("subd.recognise.streaming") is None,
-    reason="the streaming recogniser (subd/recognise/streaming.py, the lead's) is not installed yet")
+    reason="the streaming recogniser (subd/recognise/streaming.py) is not installed yet")
 
 
 @needs_recogniser
@@ -156,7 +156,8 @@ def test_run_shipped_config_serves_events_from_the_demo_clip(tmp_path):
     repo = Path(__file__).resolve().parent.parent
     if not (repo / "subd" / Path(*DEMO_CLIP)).is_file():
         pytest.skip("the bundled demo clip subd/data/demo.wav is not there yet")
-    if "sse" not in available_sinks() or importlib.util.find_spec("subd.recognise.streaming") is None:
+    if "sse" not in available_sinks() or \
+            importlib.util.find_spec("subd.recognise.streaming") is None:
         pytest.skip("needs the registered sse sink and the streaming recogniser")
     text = (repo / "config.toml").read_text()
     assert "port = 8765" in text and 'host = "127.0.0.1"' in text

@@ -97,7 +97,9 @@ def with_language(rec, language: str):
 
 
 def run(args: argparse.Namespace) -> int:
+    from subd.pipeline.tickstats import Counters
     from subd.service.daemon import Daemon, build_sink, build_source, sink_options
+    from subd.tasks import cancel_all
 
     cfg = stream_config(args)
     source = build_source(cfg, seed=args.seed)
@@ -118,7 +120,14 @@ def run(args: argparse.Namespace) -> int:
         if not out.parent.is_dir():
             raise UserError(f"--events {out}: directory {out.parent} does not exist")
     daemon = Daemon(cfg, source, sinks=sinks, events_path=args.events, serve=serve)
-    counters = asyncio.run(daemon.run())
+
+    async def main() -> Counters:
+        try:
+            return await daemon.run()
+        finally:
+            await cancel_all()  # the net under every owner's own shutdown
+
+    counters = asyncio.run(main())
     summary = {k: v for k, v in counters.as_dict().items() if k != "stage_ms"}
     print(json.dumps(summary), file=sys.stderr)
     return 0

@@ -174,7 +174,8 @@ def stream_hypotheses(
 # The code that turns audio into hypotheses: a change to any of these files invalidates cached
 # streaming runs (the model weights are named by the recogniser's model name).
 _RECOGNISER_FILES = (
-    "subd/recognise/streaming.py", "subd/recognise/vad.py", "subd/pipeline/ring.py", "subd/types.py", "models/engine.py",
+    "subd/recognise/streaming.py", "subd/recognise/vad.py", "subd/history.py", "subd/types.py",
+    "models/engine.py",
     "models/alignment.py", "models/decoding.py", "models/loading.py", "models/whisper.py",
     "models/tokenizer.py", "kernels/mel.py",
 )

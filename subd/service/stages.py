@@ -27,6 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from subd.tasks import start_task
 from subd.workers.process import WorkerDied
 from subd.workers.resume import Resume, resume_for
 
@@ -229,8 +230,7 @@ class SharedWorker:
         self._consecutive += 1
         log.warning("%s stage failed: %s; respawning", self.name, reason)
         self._report(RESTARTING, reason)
-        self._respawner = asyncio.get_running_loop().create_task(
-            self._respawn(), name=f"respawn:{self.name}")
+        self._respawner = start_task(self._respawn(), f"respawn:{self.name}")
 
     async def _respawn(self) -> None:
         while True:

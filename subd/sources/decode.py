@@ -7,7 +7,8 @@ decoded by an ``ffmpeg`` subprocess when one is on PATH (MP3 falls back to libsn
 Files are read block by block, so memory stays bounded whatever their length.
 
 Non-finite samples are replaced by 0 and counted (one warning with the total); a file in which
-every sample is non-finite is rejected; samples are clipped to [-1, 1] (see :mod:`subd.sources.pcm`).
+every sample is non-finite is rejected; samples are clipped to [-1, 1] (see
+:mod:`subd.sources.pcm`).
 
 Every failure raises :class:`~subd.errors.AudioInputError` with a one-line message that names the
 file and says what is wrong; no soundfile or ffmpeg traceback reaches the user.
