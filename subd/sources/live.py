@@ -282,23 +282,36 @@ class MicSource(QueueSource):
                                    frames_per_buffer=self.chunk_frames,
                                    stream_callback=callback)
         except AudioInputError:
-            self.close()
+            self._close_device()  # the stream itself stays open: a reopen may follow
             raise
         except Exception as exc:  # noqa: BLE001 - PortAudio errors come as OSError/IOError
-            self.close()
+            self._close_device()
             raise AudioInputError(f"cannot open microphone at 16 kHz mono: {exc}") from None
 
-    def close(self) -> None:
+    def reopen(self) -> None:
+        """The device went quiet (unplugged?): drop the stream and PortAudio's device list (a
+        new PyAudio instance sees devices plugged in since) and open it again; the audio goes
+        on into the same stream. AudioInputError while it is still gone."""
+        self._close_device()
+        self.open()
+
+    def _close_device(self) -> None:
         if self._stream is not None:
             try:
                 self._stream.stop_stream()
                 self._stream.close()
-            except Exception:  # noqa: BLE001
+            except Exception:  # noqa: BLE001 - a device that vanished fails to close too
                 pass
             self._stream = None
         if self._pa is not None:
-            self._pa.terminate()
+            try:
+                self._pa.terminate()
+            except Exception:  # noqa: BLE001
+                pass
             self._pa = None
+
+    def close(self) -> None:
+        self._close_device()
         self.end()
 
 
