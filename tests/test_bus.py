@@ -25,7 +25,7 @@ from bus_helpers import (
     wait_serving,
     words_by_index,
 )
-from daemon_helpers import wait_for
+from daemon_helpers import healthz, wait_for
 from test_systemd_units import UNITS, _settings, _verify, analyze_works  # noqa: F401 - fixture
 
 from subd.config import BusConfig, config_from_dict
@@ -181,6 +181,8 @@ def test_a_killed_daemons_channel_moves_to_the_standby(tmp_path):
         assert len(holders) == 1, "exactly one daemon runs the channel"
         holder, standby = holders[0], next(d for d in daemons if d is not holders[0])
         assert "standby, the lease is held by" in standby.log_text()
+        status, health = healthz(standby.port)  # a standby is healthy (no "no tick" failure)
+        assert status == 200 and health["channels"]["main"]["state"] == "standby", health
         holder.kill()
         killed_ns = time.monotonic_ns()
         k_before = client.last_k()
@@ -192,6 +194,8 @@ def test_a_killed_daemons_channel_moves_to_the_standby(tmp_path):
             f"published {(first.arrival_ns - killed_ns) / 1e9:.1f} s after the kill"
         client.wait_for_k(first.data["k"] + 60)  # ticks continue
         assert "lease taken" in standby.log_text()
+        status, health = healthz(standby.port)
+        assert status == 200 and health["channels"]["main"]["state"] == "running", health
         after = [e for e in client.events if e.data["k"] > k_before - 30]
         assert_contiguous(after, "the channel across the takeover")
         assert any(e.data["words"] for e in after if e.data["k"] > first.data["k"]), \

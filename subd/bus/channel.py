@@ -56,11 +56,11 @@ class ChannelBus:
         self.lease = ChannelLease(self.redis, keys, self.config.lease_ttl_ms, self.channel)
         return self
 
-    async def acquire(self, stopping: Any = lambda: False) -> bool:
+    async def acquire(self, stopping: Any = lambda: False, on_standby: Any = None) -> bool:
         """Wait for the lease (a standby waits here), then keep it renewed; False if
         ``stopping()`` said so first."""
         assert self.lease is not None
-        if not await self.lease.acquire(stopping):
+        if not await self.lease.acquire(stopping, on_standby):
             return False
         self._keeper = start_task(self.lease.keep(), f"lease:{self.channel}")
         return True
@@ -87,8 +87,14 @@ async def run_held(bus: ChannelBus, channel: Any, run_once: Any) -> None:
     raises :class:`LeaseLost`, so the supervisor restarts the channel, as a standby."""
     async with bus:
         channel.ready.set()  # the daemon serves its other channels meanwhile
-        if not await bus.acquire(lambda: channel.stopping):
+        health = channel.ctx.health  # a standby is healthy: its clock runs elsewhere
+
+        def standby(holder: str) -> None:
+            health.set_state(bus.channel, "standby", f"the lease is held by {holder}")
+
+        if not await bus.acquire(lambda: channel.stopping, standby):
             return  # stopped while a standby
+        health.set_state(bus.channel, "running")  # with a fresh start-up grace
         channel.bus = bus
         watcher = start_task(_stop_when_lost(bus.lost, channel.abort),
                              f"lease-watch:{bus.channel}")

@@ -58,9 +58,10 @@ class ChannelLease:
         self._release = redis.register_script(RELEASE)
         self._down = False
 
-    async def acquire(self, stopping: Callable[[], bool] = lambda: False) -> bool:
-        """Wait until this daemon holds the channel (a standby waits here); False if
-        ``stopping()`` said so first."""
+    async def acquire(self, stopping: Callable[[], bool] = lambda: False,
+                      on_standby: Callable[[str], None] | None = None) -> bool:
+        """Wait until this daemon holds the channel (a standby waits here, telling
+        ``on_standby(holder)``); False if ``stopping()`` said so first."""
         said = None
         while not stopping():
             try:
@@ -79,6 +80,8 @@ class ChannelLease:
             if holder != said:
                 said = holder
                 log.info("channel %s: standby, the lease is held by %s", self.channel, holder)
+                if on_standby is not None:
+                    on_standby(holder)
             await asyncio.sleep(self.ttl_ms / 3000)
         return False
 

@@ -29,6 +29,7 @@ from aiohttp import web
 NS_PER_MS = 1_000_000
 
 RUNNING = "running"
+STANDBY = "standby"  # another daemon holds the channel's lease (subd.bus): nothing to publish
 RESTARTING = "restarting"
 FAILED = "failed"
 STOPPED = "stopped"
@@ -170,7 +171,7 @@ class HealthMonitor:
         facts.source_detail = detail
 
     def set_state(self, name: str, state: str, detail: str = "") -> None:
-        """Supervisor state: running, restarting, failed or stopped."""
+        """Supervisor state: running, restarting, failed or stopped; or standby (subd.bus)."""
         facts = self._facts(name)
         if facts.state != RUNNING and state == RUNNING:
             facts.added_ns = self._now_ns()  # a restarted channel gets a fresh start-up grace
@@ -192,7 +193,9 @@ class HealthMonitor:
             problems.append(f"channel failed: {facts.state_detail or 'gave up restarting'}")
         elif facts.state == STOPPED:
             problems.append("channel stopped")
-        if facts.last_tick_ns is None:
+        if facts.state == STANDBY:
+            pass  # its clock runs on the daemon holding the lease
+        elif facts.last_tick_ns is None:
             if now_ns - facts.added_ns > self.limits.stall_after_ns:
                 problems.append("no tick published since start")
         else:
