@@ -173,6 +173,26 @@ def test_a_failed_worker_disconnects_its_clients_who_reconnect_without_loss() ->
     asyncio.run(main())
 
 
+def test_a_killed_worker_is_replaced_and_the_new_one_writes_clients() -> None:
+    async def main() -> None:
+        async with running(fanout_workers=1) as sink:
+            first = sink._links[0]
+            first.proc.kill()
+            await until(lambda: sink._links and sink._links[0] is not first
+                        and sink._links[0].alive and sink._links[0].send_ns == 0)
+            replacement = sink._links[0]
+            assert replacement.proc.pid != first.proc.pid
+            local = await connect(sink.port)  # this process keeps its share first
+            remote = await handed_off(sink, sink.port, 1)  # the new worker takes clients
+            for state in states(5):
+                sink.publish(state)
+            assert [(await remote.next_event())[0] for _ in range(5)] == list(range(5))
+            local.close()
+            remote.close()
+
+    asyncio.run(main())
+
+
 def test_control_messages_split_and_heartbeat_bytes() -> None:
     payload = bytes(range(256)) * 700  # 179200 bytes: three parts
     msgs = sse_worker.split_message(sse_worker.TICK, b"HEAD", payload)
