@@ -181,8 +181,7 @@ class SharedWorker:
         if not (self.supervised and self.policy.spare) or self._spare is not None or \
                 (self._spare_task is not None and not self._spare_task.done()):
             return
-        self._spare_task = asyncio.get_running_loop().create_task(
-            self._load_spare(), name=f"spare:{self.name}")
+        self._spare_task = start_task(self._load_spare(), f"spare:{self.name}")
 
     async def _load_spare(self) -> None:
         spare = self.worker.twin()
@@ -204,7 +203,7 @@ class SharedWorker:
         log.warning("%s stage: the spare process died; loading another", self.name)
         dead, self._spare = self._spare, None
         if dead is not None:
-            asyncio.get_running_loop().create_task(dead.close(1.0), name="reap-spare")
+            start_task(dead.close(1.0), "reap-spare")
         self.keep_spare()
 
     # -- supervision ----------------------------------------------------------------------------
@@ -264,7 +263,7 @@ class SharedWorker:
             dead, self.worker = self.worker, spare  # loaded already: take over at once
             dead.on_exit = None
             spare.on_exit = self._on_exit
-            asyncio.get_running_loop().create_task(dead.close(1.0), name=f"reap:{self.name}")
+            start_task(dead.close(1.0), f"reap:{self.name}")
         else:
             await self.worker.close(1.0)  # reaps the dead (or killed) process
             await self.worker.start(self.policy.start_timeout_s)
@@ -290,7 +289,7 @@ class SharedWorker:
     async def _call(self, request: Any, now_ns: int = 0) -> Any:
         await self._lock.acquire()
         # not a named task: StageDown, its expected failure, is the caller's to handle
-        task = asyncio.ensure_future(self._answer(request, now_ns))
+        task = start_task(self._answer(request, now_ns), f"call:{self.name}")
 
         def done(t: asyncio.Future) -> None:
             self._lock.release()
