@@ -102,3 +102,19 @@ def test_a_sink_failing_every_tick_is_counted_and_still_logged_after_the_first_t
     assert publisher.counters.sink_errors == 2500
     assert len(caplog.records) == 12
     assert "2000 sink errors so far" in caplog.records[-1].getMessage()
+
+
+def test_file_write_errors_and_lost_cues_are_exported():
+    from prometheus_client.parser import text_string_to_metric_families
+
+    metrics = Metrics()
+    m = metrics.channel("a")
+    m.sync_file_errors(3, 0)
+    m.sync_file_errors(7, 2)
+    m.sync_file_errors(1, 0)  # the channel restarted: new sinks count from 0
+    m.sync_file_errors(4, 0)
+    got = {s.name: s.value
+           for f in text_string_to_metric_families(metrics.render().decode())
+           for s in f.samples if s.labels.get("channel") == "a"}
+    assert got["subd_file_write_errors_total"] == 7 + 3
+    assert got["subd_file_cues_lost_total"] == 2

@@ -284,6 +284,10 @@ class DaemonChannel(ChannelReload):
         if dropped > self._sse_dropped:
             m.sse_drops.inc(dropped - self._sse_dropped)
         self._sse_dropped = dropped
+        # files (SRT/VTT, events log): failed writes and cues dropped while the disk was full
+        sinks = [*self.sinks.values(), *([self.events] if self.events is not None else [])]
+        m.sync_file_errors(sum(getattr(s, "n_write_errors", 0) for s in sinks),
+                           sum(getattr(s, "n_lost", 0) for s in sinks))
         for stage, durations in p.counters.stage.items():
             if stage == "recognise":
                 continue  # recorded per result by the observer

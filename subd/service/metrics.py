@@ -122,6 +122,16 @@ class Metrics:
             "subd_sink_errors", "Ticks a sink failed to take (full disk, closed file, bug).",
             ch, registry=r,
         )
+        self.file_write_errors = Counter(
+            "subd_file_write_errors",
+            "Failed writes of live files and the events log (retried; disk full, I/O error).",
+            ch, registry=r,
+        )
+        self.file_cues_lost = Counter(
+            "subd_file_cues_lost",
+            "Committed cues dropped from a live file because writes kept failing.", ch,
+            registry=r,
+        )
         self.http_rejected = Counter(
             "subd_http_rejected", "HTTP requests refused by the safety middlewares.",
             ("reason",), registry=r,
@@ -162,7 +172,7 @@ class Metrics:
             self.fallbacks, self.stale_slots, self.degraded_ticks, self.real_time_factor,
             self.lag, self.sse_clients, self.sse_drops, self.committed_word_latency,
             self.source_up, self.source_failures, self.channel_up, self.channel_restarts,
-            self.sink_errors,
+            self.sink_errors, self.file_write_errors, self.file_cues_lost,
         )
 
     def render(self) -> bytes:
@@ -193,6 +203,9 @@ class ChannelMetrics:
         self.channel_up = metrics.channel_up.labels(c)
         self.channel_restarts = metrics.channel_restarts.labels(c)
         self.sink_errors = metrics.sink_errors.labels(c)
+        self.file_write_errors = metrics.file_write_errors.labels(c)
+        self.file_cues_lost = metrics.file_cues_lost.labels(c)
+        self._file_seen = (0, 0)  # the sinks' running totals, as last synced
         self._stages: dict[str, object] = {}
         self._source_is_up = True
         self._stale_seen = 0
@@ -239,6 +252,16 @@ class ChannelMetrics:
         if delta > 0:
             self.stale_slots.inc(delta)
             self._stale_seen = total
+
+    def sync_file_errors(self, write_errors: int, cues_lost: int) -> None:
+        """Bring the counters up to the file sinks' running totals (a channel restart starts
+        new sinks from 0: only growth is counted)."""
+        seen_errors, seen_lost = self._file_seen
+        if write_errors > seen_errors:
+            self.file_write_errors.inc(write_errors - seen_errors)
+        if cues_lost > seen_lost:
+            self.file_cues_lost.inc(cues_lost - seen_lost)
+        self._file_seen = (write_errors, cues_lost)
 
     def set_lag(self, lag_ns: int) -> None:
         self.lag_seconds.set(lag_ns / NS_PER_S)
