@@ -8,7 +8,7 @@ import numpy as np
 
 from subd.bench.gpu import _options, _policy
 from subd.bench.gpu_sim import SimConfig
-from subd.gpu.stream import StreamServer, simulate_stream
+from subd.bench.gpu_stream import StreamServer, simulate_stream
 from subd.models.batched import BatchedEngine, EngineConfig
 from subd.sources.decode import load_audio
 

@@ -133,6 +133,20 @@ def test_type_checking_imports_count(tmp_path):
     assert imported_modules("subd.x", module, known) == {"subd.service.daemon", "subd.y"}
 
 
+def test_only_the_benchmarks_import_the_test_doubles_and_the_benchmarks():
+    """subd.testing (scripted stand-ins) and subd.bench are tools: nothing the daemon or the
+    other commands run imports them (the CLI loads subd.bench only for ``subd bench``)."""
+    modules = package_modules()
+    wrong = []
+    for name, path in modules.items():
+        if name.startswith(("subd.bench", "subd.testing")) or name == "subd.cli":
+            continue
+        for target in imported_modules(name, path, modules):
+            if target.startswith(("subd.bench", "subd.testing")):
+                wrong.append(f"{name} -> {target}")
+    assert wrong == []
+
+
 def docstring_says_why(path: Path) -> bool:
     doc = ast.get_docstring(ast.parse(path.read_text(encoding="utf-8"))) or ""
     return "over 400 lines" in " ".join(doc.lower().split())
@@ -351,4 +365,4 @@ directory = "{tmp_path / 'out'}"
     loaded = json.loads((probe / f"modules.{main_pid}.json").read_text())
     assert "subd.service.daemon" in loaded  # the dump is the daemon's
     assert [m for m in loaded if m == "torch" or m.startswith("torch.")] == []
-    assert [m for m in loaded if m.startswith("subd.bench")] == []
+    assert [m for m in loaded if m.startswith(("subd.bench", "subd.testing"))] == []

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 Mixture = tuple[tuple[float, float, float], ...]  # (probability, low ms, high ms)
 _SENTENCE_PAUSE_V1: Mixture = ((0.12, 0.0, 150.0), (0.30, 150.0, 500.0), (0.58, 500.0, 2000.0))
 # Whisper's word timings swallow much of a pause into the word before it: on espeak-ng speech
-# of training text (calibrate.py) the gap after '.' has median 500 ms, p10 60 ms, p90 940 ms;
+# of training text (punct_calibrate.py) the gap after '.' has median 500 ms, p10 60 ms, p90 940 ms;
 # after ',' median 70 ms, p90 380 ms; after no mark p90 20 ms. Human readers hold longer
 # pauses, also at ';' and ':' (labelled ','), so each v2 window draws a tempo that stretches or
 # shrinks all its pauses: what a pause says is relative.
@@ -71,7 +71,7 @@ SIMULATIONS = {
         decode_tail=False,
     ),
     # Measured on the streaming recogniser over espeak-ng speech of training text
-    # (calibrate.py, 983 words): with two or more words decoded after it, a sentence end is
+    # (punct_calibrate.py, 983 words): with two or more words decoded after it, a sentence end is
     # kept 40 %, written ',' 48 %, dropped 12 %; a ',' is kept 33 %, dropped 54 %, written '.'
     # 13 %; no mark gets ',' 1 %. Whisper closes nearly every decode with a full stop, the last
     # word of a window that ends mid-speech included: 85 % of such words with no mark, 94 %

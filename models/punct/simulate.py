@@ -7,11 +7,11 @@ word with the right context cut, so the model learns what a word with no right c
 like (and the streaming committer waits for context instead of trusting it).
 
 The recogniser's own marks (Whisper's punctuation) are simulated from the true marks with the
-errors the streaming recogniser makes (v2, measured by calibrate.py): with right context, half of
-the sentence ends written as commas and half of the commas dropped, and a full stop on nearly
-every word that ended its decoded window, whatever was said. A window cut mid-stream ends with
-the latest decode's tentative tail. Its capitals follow its own sentence ends. Some windows
-carry no recogniser marks at all, so plain text still works.
+errors the streaming recogniser makes (v2, measured by subd/bench/punct_calibrate.py): with
+right context, half of the sentence ends written as commas and half of the commas dropped, and
+a full stop on nearly every word that ended its decoded window, whatever was said. A window cut
+mid-stream ends with the latest decode's tentative tail. Its capitals follow its own sentence
+ends. Some windows carry no recogniser marks at all, so plain text still works.
 
 Two presets (``SIMULATIONS``, in :mod:`.presets`) describe the recogniser: ``v1`` (the
 default, what the shipped weights were trained on: the recogniser before its aligner fix, its

@@ -50,7 +50,7 @@ class RoundServer:
 
     def __init__(self, engine, library: np.ndarray, n_streams: int, window_s: float,
                  n_frames: int):
-        from subd.gpu.stream import StreamAudio
+        from subd.bench.gpu_stream import StreamAudio
 
         self.engine, self.n_frames = engine, n_frames
         self.audio = StreamAudio(engine, library, n_streams, window_s)
@@ -158,7 +158,7 @@ def search(label: str, counts: list[int], make_server, base: SimConfig, n_lib: i
 
     ``make_server(n)`` gives a ``StreamServer`` (continuous batching) or a round function
     (one blocking round per scheduler plan, as naive serving runs)."""
-    from subd.gpu.stream import StreamServer, simulate_stream
+    from subd.bench.gpu_stream import StreamServer, simulate_stream
 
     best, trials = None, []
     cost = CostModel()  # learned across the trials of one server, as a running server would
@@ -206,7 +206,7 @@ def run(args) -> int:
     import torch
 
     from subd.bench.gpu_checks import front_end_and_transcript_checks, warm_engine
-    from subd.gpu.stream import StreamServer
+    from subd.bench.gpu_stream import StreamServer
     from subd.models.batched import BatchedEngine, EngineConfig
 
     if args.device == "cuda" and not torch.cuda.is_available():

@@ -1,6 +1,6 @@
 """Measure what the real streaming recogniser does with punctuation, to calibrate simulate.py.
 
-    python -m subd.models.punct.calibrate --sessions 3 --seed 11
+    python -m subd.bench.punct_calibrate --sessions 3 --seed 11
 
 speaks paragraphs of *training* documents with espeak-ng (``spoken_sessions`` of
 subd/bench/punct_e2e.py; never held-out text, never the book of the LibriVox clips), streams
@@ -21,7 +21,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .text import PUNCTS, LabelledWord, label_text, normalise_word, recogniser_mark
+from subd.models.punct.text import (
+    PUNCTS,
+    LabelledWord,
+    label_text,
+    normalise_word,
+    recogniser_mark,
+)
 
 NS_PER_MS = 1_000_000
 _PUNCTUATING_SPAN = 12  # a word is in a punctuating stretch if a mark lies within this many
@@ -155,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     from subd.recognise.streaming import StreamingRecognizer
     from subd.scoring.punct import stream_hypotheses
 
-    p = argparse.ArgumentParser(prog="python -m subd.models.punct.calibrate")
+    p = argparse.ArgumentParser(prog="python -m subd.bench.punct_calibrate")
     p.add_argument("--sessions", type=int, default=3)
     p.add_argument("--seed", type=int, default=11)
     args = p.parse_args(argv)
