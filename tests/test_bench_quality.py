@@ -8,7 +8,7 @@ import re
 
 import numpy as np
 
-from subd.bench.quality import SpeechSet, build_set, score_words
+from subd.bench.quality_sets import SpeechSet, build_set, score_words
 from tests.test_bench_smoke import bench
 
 

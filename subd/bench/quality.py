@@ -6,11 +6,19 @@ into a DEVELOPMENT set (what policies are tuned on) and a HELD-OUT set (never tu
 reported side by side. ``--synthetic`` adds espeak-ng speech (questions, commas) as a third,
 supplementary set; it is never the acceptance set.
 
-Each set is one stream: its clips one after another with 0.75 s of silence. It is streamed
-through the real pipeline (``subd stream``'s daemon: ingest, recogniser and tagger processes,
-tick clock, publisher) at real time, once per D: the recogniser's decisions depend on how long an
-update takes against the audio clock, so a faster-than-real-time pace would change them. The
-same engine then transcribes the set offline (``subd transcribe``'s path). Reported per run:
+Each set is one stream: its clips one after another with 0.75 s of silence, streamed once per D
+through the pipeline's scheduler and tick clock. The recogniser's decisions depend on how long an
+update takes against the audio clock, so the pace is never simply sped up:
+
+* ``--pace real`` (default): ``subd stream``'s daemon (recogniser and tagger processes,
+  publisher) at real time. Honest on a quiet machine; on a shared one, other work slows the
+  updates and the figures show that machine, not subd.
+* ``--pace cpu``: the same scheduler, recogniser and tagger on a fake clock on which every
+  recogniser update and tag pass lasts the CPU time it took (one thread, as the live
+  recogniser on 2 cores): the decisions a dedicated core would make, whatever else runs, and
+  faster than real time when the machine is idle.
+
+The same engine then transcribes the set offline (``subd transcribe``'s path). Reported per run:
 
 * WER (subd.scoring.wer) against the pocketsphinx transcripts;
 * punctuation F1 for '.', ',' and '?' on aligned words, against the book's punctuation (the
@@ -26,24 +34,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import re
-from dataclasses import dataclass, field
+import time
 from pathlib import Path
 
 import numpy as np
 
+from subd.bench.quality_sets import SETS, RunScore, SpeechSet, build_set, score_words, synthetic_set
 from subd.errors import UserError
-from subd.scoring.punct import MARKS, SENTENCE_END, Scores, reference_words, split_marked
-from subd.scoring.wer import normalise, word_errors
 
-POCKETSPHINX = Path("/usr/share/pocketsphinx/test/data")
-GAP_S = 0.75
 LATENCIES_MS = (500, 1000, 2000, 4000)
-# The split: chosen before any tuning, both sets mixing long and short clips.
-DEV_CLIPS = ("librivox/0870", "librivox/0890", "librivox/0920")
-HELDOUT_CLIPS = ("librivox/0880", "librivox/0930", "cards/001", "cards/002", "cards/003",
-                 "cards/004", "cards/005")
-SETS = {"dev": DEV_CLIPS, "heldout": HELDOUT_CLIPS}
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -54,186 +53,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--synthetic", action="store_true", help="add espeak-ng speech as a set")
     p.add_argument("--max-clips", type=int, default=0, help="first N clips of each set (0: all)")
     p.add_argument("--model", default="tiny.en")
+    p.add_argument("--config", help="configuration file (default: built in)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="--pace cpu: a streaming recogniser option (subd.recognise.streaming."
+                        "StreamingConfig), e.g. agree_context_ms=2000; repeatable")
     p.add_argument("--tagger", default="auto", help="[pipeline] tagger: auto, none, ...")
     p.add_argument("--plot", default="quality_vs_latency.png", help="PNG output")
     p.add_argument("--json", help="write the figures here as JSON")
     p.add_argument("--show", action="store_true", help="print each run's text")
+    p.add_argument("--pace", choices=("real", "cpu"), default="real",
+                   help="real: the daemon at real time; cpu: fake clock, CPU-time updates")
     p.set_defaults(func=run)
-
-
-@dataclass(frozen=True, slots=True)
-class ClipRef:
-    name: str
-    audio: np.ndarray
-    words: tuple[str, ...]  # normalised reference words (WER)
-    marks: tuple[str, ...] | None  # punctuation after each word; None: no punctuated reference
-
-
-@dataclass(frozen=True, slots=True)
-class SpeechSet:
-    name: str
-    audio: np.ndarray
-    words: list[str]
-    marks: list[str | None]
-
-
-def _clip(key: str) -> ClipRef:
-    from subd.bench.punct_e2e import LIBRIVOX_CLIPS
-    from subd.sources.decode import load_audio
-
-    folder, clip = key.split("/")
-    if folder == "librivox":
-        path = next(iter((POCKETSPHINX / folder).glob(f"*-{clip}.wav")), None)
-        table = POCKETSPHINX / folder / "transcription"
-        book = next(t for c, t, _ in LIBRIVOX_CLIPS if c == clip)
-    else:
-        path = POCKETSPHINX / folder / f"{clip}.wav"
-        table = POCKETSPHINX / folder / f"{folder}.transcription"
-        book = None
-    if path is None or not path.exists() or not table.exists():
-        raise UserError(f"{POCKETSPHINX}/{folder}: clip {clip} is missing "
-                        "(apt-get install pocketsphinx-testdata)")
-    m = re.search(rf"<s>\s*(.*?)\s*</s>\s*\(\S*{clip}\)", table.read_text())
-    if m is None:
-        raise UserError(f"{table}: no transcript for {clip}")
-    words = tuple(normalise(m.group(1)))
-    marks = None
-    if book is not None:
-        ref = reference_words(book)
-        # the clip ends a sentence in the stream: the next clip is not what the book says next
-        ref[-1] = (ref[-1][0], ref[-1][1] if ref[-1][1] in SENTENCE_END else ".")
-        marks = _marks_on(words, ref)
-    return ClipRef(key, load_audio(path), words, marks)
-
-
-def _marks_on(words: tuple[str, ...], ref: list[tuple[str, str]]) -> tuple[str, ...]:
-    """The book's marks moved onto the transcript's words (the reader's "a amiable")."""
-    import difflib
-
-    out = [""] * len(words)
-    book = [normalise(w)[0] if normalise(w) else w for w, _ in ref]
-    sm = difflib.SequenceMatcher(a=list(words), b=book, autojunk=False)
-    for block in sm.get_matching_blocks():
-        for k in range(block.size):
-            out[block.a + k] = ref[block.b + k][1]
-    out[-1] = ref[-1][1]
-    return tuple(out)
-
-
-def build_set(name: str, keys: tuple[str, ...]) -> SpeechSet:
-    gap = np.zeros(int(GAP_S * 16000), np.float32)
-    parts, words, marks = [], [], []
-    for key in keys:
-        clip = _clip(key)
-        parts += [clip.audio, gap]
-        words += clip.words
-        marks += list(clip.marks) if clip.marks is not None else [None] * len(clip.words)
-    return SpeechSet(name, np.concatenate(parts), words, marks)
-
-
-def synthetic_set() -> SpeechSet:
-    import shutil
-    import subprocess
-    import tempfile
-
-    from subd.bench.punct_e2e import NEWS_PARAGRAPH
-    from subd.sources.decode import load_audio
-
-    exe = shutil.which("espeak-ng")
-    if exe is None:
-        raise UserError("--synthetic needs espeak-ng (scripts/install-deps.sh)")
-    with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "news.wav"
-        subprocess.run([exe, "-v", "en-us", "-s", "160", "-w", str(out), NEWS_PARAGRAPH],
-                       check=True)
-        audio = load_audio(out)
-    ref = reference_words(NEWS_PARAGRAPH)
-    return SpeechSet("synthetic", np.concatenate([audio, np.zeros(12_000, np.float32)]),
-                     [w for w, _ in ref], [m for _, m in ref])
-
-
-# ---- scoring ----------------------------------------------------------------------------------
-
-
-def _align(ref: list[str], hyp: list[str]) -> tuple[list[int | None], list[bool]]:
-    """A minimum-edit-distance alignment: per reference word, the hypothesis word equal to it
-    (None: substituted or deleted), and whether it was deleted (no hypothesis word at all)."""
-    n, m = len(ref), len(hyp)
-    d = np.zeros((n + 1, m + 1), np.int32)
-    d[:, 0] = np.arange(n + 1)
-    d[0, :] = np.arange(m + 1)
-    for i in range(1, n + 1):
-        for j in range(1, m + 1):
-            d[i, j] = min(d[i - 1, j] + 1, d[i, j - 1] + 1,
-                          d[i - 1, j - 1] + (ref[i - 1] != hyp[j - 1]))
-    matched: list[int | None] = [None] * n
-    deleted = [False] * n
-    i, j = n, m
-    while i > 0:
-        if j > 0 and d[i, j] == d[i - 1, j - 1] + (ref[i - 1] != hyp[j - 1]):
-            matched[i - 1] = j - 1 if ref[i - 1] == hyp[j - 1] else None
-            i, j = i - 1, j - 1
-        elif d[i, j] == d[i - 1, j] + 1:
-            deleted[i - 1] = True
-            i -= 1
-        else:
-            j -= 1
-    return matched, deleted
-
-
-def _dropped_spans(ref: list[str], deleted: list[bool]) -> list[str]:
-    """Runs of >= 3 consecutive reference words that the alignment deletes."""
-    spans, run = [], []
-    for word, gone in zip([*ref, ""], [*deleted, False], strict=True):
-        if gone:
-            run.append(word)
-            continue
-        if len(run) >= 3:
-            spans.append(" ".join(run))
-        run = []
-    return spans
-
-
-@dataclass
-class RunScore:
-    wer_pct: float
-    f1: dict[str, float]
-    dropped: list[str]
-    stops_inside: int
-    latency_s: dict[str, float] = field(default_factory=dict)
-    text: str = ""
-
-    def as_dict(self) -> dict:
-        return {"wer_pct": self.wer_pct, "f1": self.f1, "dropped_spans": len(self.dropped),
-                "dropped": self.dropped, "full_stops_inside_sentences": self.stops_inside,
-                "latency_s": self.latency_s}
-
-
-def score_words(sset: SpeechSet, shown: list[tuple[str, str]]) -> RunScore:
-    """``shown``: (word as the recogniser spelt it, mark after it), in order."""
-    hyp: list[tuple[str, str]] = []
-    for text, mark in shown:
-        parts = split_marked(text)
-        for i, (w, own) in enumerate(parts):
-            for piece in normalise(w):
-                hyp.append((piece, ""))
-            if hyp and i == len(parts) - 1:
-                hyp[-1] = (hyp[-1][0], mark if mark is not None else own)
-    words = [w for w, _ in hyp]
-    align, deleted = _align(sset.words, words)
-    s = Scores()
-    stops = 0
-    for r, h in enumerate(align):
-        truth = sset.marks[r]
-        if h is None or truth is None:
-            continue
-        mark = hyp[h][1]
-        for key in MARKS:
-            s.add(key, mark == key, truth == key)
-        stops += mark in SENTENCE_END and truth not in SENTENCE_END
-    return RunScore(100 * word_errors(sset.words, words) / max(1, len(sset.words)),
-                    {k: s.f1(k)[2] for k in MARKS}, _dropped_spans(sset.words, deleted), stops,
-                    text=" ".join(t + (m or "") for t, m in shown))
 
 
 # ---- runs -------------------------------------------------------------------------------------
@@ -243,14 +73,14 @@ class _Seen:
     """Pipeline observer: each committed word as published, with its publication time."""
 
     def __init__(self) -> None:
-        self.words: list[tuple[str, str, int, int]] = []  # (text, punct, end_ns, sent_ns)
+        self.words: list[tuple[str, None, int, int]] = []  # (text with mark, -, end, sent ns)
 
     def on_hypothesis(self, result, now_ns: int) -> None:
         pass
 
     def on_publish(self, state, sent_ns: int) -> None:
-        for tw in state.committed:
-            self.words.append((tw.text, tw.punct, tw.word.end_ns, sent_ns))
+        for tw in state.committed:  # untagged words keep their mark in the text ("them.")
+            self.words.append((tw.text + tw.punct, None, tw.word.end_ns, sent_ns))
 
 
 async def _stream(sset: SpeechSet, latency_ms: int, args) -> tuple[list, int]:
@@ -260,7 +90,7 @@ async def _stream(sset: SpeechSet, latency_ms: int, args) -> tuple[list, int]:
     from subd.service.daemon import Daemon
     from subd.sources.live import FileSource
 
-    cfg = load_config(None)
+    cfg = load_config(args.config)
     cfg = cfg.replace(tick=dataclasses.replace(cfg.tick, latency_ms=latency_ms),
                       recognizer=dataclasses.replace(cfg.recognizer, model=args.model),
                       pipeline=dataclasses.replace(cfg.pipeline, tagger=args.tagger))
@@ -271,8 +101,88 @@ async def _stream(sset: SpeechSet, latency_ms: int, args) -> tuple[list, int]:
     return seen.words, source.t0_ns
 
 
+class _CpuTimed:
+    """A stage host whose calls last, on the fake clock, the CPU time they took."""
+
+    def __init__(self, host) -> None:
+        self.host = host
+        self.last_ns = 0
+        self.costs_ns: list[int] = []
+
+    def handle(self, request):
+        t_ns = time.thread_time_ns()
+        try:
+            return self.host.handle(request)
+        finally:
+            self.last_ns = time.thread_time_ns() - t_ns
+            self.costs_ns.append(self.last_ns)
+
+
+async def _stream_cpu(sset: SpeechSet, latency_ms: int, args) -> tuple[list, int]:
+    from subd.clock import FakeClock
+    from subd.config import load_config
+    from subd.history import AudioHistory
+    from subd.pipeline.scheduler import Pipeline, TickSettings
+    from subd.service.build import recognizer_spec
+    from subd.sources.live import FileSource
+    from subd.types import SAMPLE_RATE_HZ
+    from subd.workers.hosts import RecogniserHost, TagHost, resolve_tagger
+    from subd.workers.process import InlineWorker
+
+    cfg = load_config(args.config)
+    t0_ns = 10**12
+    clock = FakeClock(start_ns=t0_ns)
+    history = AudioHistory(cfg.recognizer.history_s * SAMPLE_RATE_HZ)
+    spec = recognizer_spec(args.model, encoder_pad_ms=cfg.recognizer.encoder_pad_ms,
+                           **recognizer_overrides(args.overrides))
+    rec = _CpuTimed(RecogniserHost(spec, history.capacity, history=history))
+    tagger = resolve_tagger(args.tagger)
+    tag = _CpuTimed(TagHost(tagger))
+    seen = _Seen()
+    settings = TickSettings(fps=cfg.tick.fps, latency_ms=latency_ms,
+                            lookahead_ms=cfg.tick.lookahead_ms,
+                            min_update_ms=cfg.recognizer.min_update_ms, drain_timeout_s=60)
+    pipeline = Pipeline(
+        clock=clock, settings=settings, source=FileSource(sset.audio, name=sset.name),
+        recogniser=InlineWorker("recognise", rec, clock, lambda r: rec.last_ns),
+        tagger=InlineWorker("tag", tag, clock, lambda r: tag.last_ns),
+        history=history, observer=seen)
+    task = asyncio.ensure_future(pipeline.run())
+    await clock.run_until_done(task, limit_ns=t0_ns + int((len(sset.audio) / 16000 + 120) * 1e9))
+    task.result()
+    costs = np.array(rec.costs_ns) / 1e6
+    print(f"    recogniser updates {costs.size}: CPU p50 {np.percentile(costs, 50):.0f} ms, "
+          f"p95 {np.percentile(costs, 95):.0f} ms", flush=True)
+    return seen.words, t0_ns
+
+
+def recognizer_overrides(items: list[str]) -> dict:
+    """``KEY=VALUE`` -> StreamingConfig keyword arguments, typed as the field's default."""
+    from subd.recognise.streaming import StreamingConfig
+
+    out = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        default = getattr(StreamingConfig(), key, None) if sep else None
+        if default is None or isinstance(default, str):
+            raise UserError(f"--set {item!r}: expected NUMBER_OR_BOOL_OPTION=VALUE")
+        try:
+            out[key] = (value.lower() in ("1", "true", "yes")) if isinstance(default, bool) \
+                else type(default)(value)
+        except ValueError:
+            raise UserError(f"--set {item!r}: {value!r} is not a {type(default).__name__}") \
+                from None
+    return out
+
+
 def stream_run(sset: SpeechSet, latency_ms: int, args) -> RunScore:
-    words, t0_ns = asyncio.run(_stream(sset, latency_ms, args))
+    if args.pace == "cpu":
+        from subd.torch_threads import torch_threads
+
+        with torch_threads(1):  # one thread, so its CPU time is the update's cost
+            words, t0_ns = asyncio.run(_stream_cpu(sset, latency_ms, args))
+    else:
+        words, t0_ns = asyncio.run(_stream(sset, latency_ms, args))
     sc = score_words(sset, [(t, p) for t, p, _, _ in words])
     lat = np.array([(sent - t0_ns - end) / 1e9 for _, _, end, sent in words])
     if lat.size:
@@ -310,6 +220,9 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"--sets {args.sets!r}: choose from {', '.join(SETS)}")
     if args.max_clips < 0:
         raise UserError("--max-clips must be >= 0")
+    if args.overrides and args.pace != "cpu":
+        raise UserError("--set works with --pace cpu (the daemon takes config.toml)")
+    recognizer_overrides(args.overrides)  # a bad option fails before any run
     sets = [build_set(n, SETS[n][:args.max_clips or None]) for n in names]
     if args.synthetic:
         sets.append(synthetic_set())

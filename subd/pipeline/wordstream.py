@@ -46,12 +46,23 @@ class WordStream:
     def tagger_is_current(self) -> bool:
         return self.hyp_seq == self._tag_seq
 
-    def tag_request(self, k: int, audio_end_ns: int, flush: bool) -> TagRequest:
-        """What the tagger has not seen yet; from now on it counts as seen."""
+    def undecided_until(self, cutoff_ns: int) -> bool:
+        """Whether a committed word ending by ``cutoff_ns`` still waits for its punctuation."""
+        # words published undecided (degraded ticks: a tag stage that overran or was being
+        # respawned) are gone from memory and need no decision any more
+        idx = max(self.n_final, self._committed_base)
+        return idx < self.tag_fed and \
+            self._committed[idx - self._committed_base].end_ns <= cutoff_ns
+
+    def tag_request(self, k: int, audio_end_ns: int, flush: bool,
+                    decide_until_ns: int | None = None) -> TagRequest:
+        """What the tagger has not seen yet; from now on it counts as seen. Words ending by
+        ``decide_until_ns`` (tick k's audio end) must be decided by this pass."""
         start = self.tag_fed - self._committed_base
         words = tuple(self._committed)[start:]
         req = TagRequest(k=k, first_idx=self.tag_fed, committed=words,
-                         tentative=self.tentative, audio_end_ns=audio_end_ns, flush=flush)
+                         tentative=self.tentative, audio_end_ns=audio_end_ns, flush=flush,
+                         decide_until_ns=decide_until_ns)
         self.tag_fed = self.n_committed
         self._tag_seq = self.hyp_seq
         self.tag_flushed = self.tag_flushed or flush

@@ -111,9 +111,13 @@ class PunctStream:
         return self.update(hypothesis.committed, hypothesis.tentative, hypothesis.audio_end_ns)
 
     def update(
-        self, committed: Sequence[Word], tentative: Sequence[Word], audio_end_ns: int
+        self, committed: Sequence[Word], tentative: Sequence[Word], audio_end_ns: int,
+        decide_until_ns: int | None = None,
     ) -> PunctUpdate:
-        """Add newly committed words; decide those with enough right context."""
+        """Add newly committed words; decide those with enough right context, or, given
+        ``decide_until_ns`` (deadline mode: the pipeline's tick), exactly those that end by
+        then: a word is decided at its tick's look-ahead fetch, with all the right context
+        there is by then, and never earlier."""
         for w in committed:
             if w.start_ns < self._last_end_ns - 1_000_000_000:
                 raise ValueError(f"committed word {w.text!r} starts long before the previous one")
@@ -132,8 +136,17 @@ class PunctStream:
         # stream, audio the recogniser has not transcribed yet looks just like silence (on the
         # espeak-ng streams of subd bench punct-e2e, 2 of 3 such gaps over 350 ms held a word).
         heard_silence = last is not None and audio_end_ns - last.end_ns >= trailing_ns
-        after_last_ns = audio_end_ns if heard_silence else None
-        n_decide = self._n_ready(tail, after_last_ns)
+        # At a deadline the words must be decided now: the recogniser's settled end (no
+        # speech before it, by the VAD) is the best there is of the pause after the last word.
+        after_last_ns = audio_end_ns if heard_silence or decide_until_ns is not None else None
+        if decide_until_ns is None:
+            n_decide = self._n_ready(tail, after_last_ns)
+        else:
+            n_decide = 0
+            while n_decide < len(self._pending) and \
+                    self._pending[n_decide].end_ns <= decide_until_ns:
+                n_decide += 1
+            n_decide = max(n_decide, len(self._pending) - self.config.max_pending_words)
         return self._decide(tail, after_last_ns, n_decide, complete=False)
 
     def flush(self, audio_end_ns: int | None = None) -> PunctUpdate:

@@ -1,6 +1,8 @@
 """Streaming recognition over the Whisper engine: a sliding window and a commit policy.
 
-Policy (LocalAgreement-2 with bounded lag):
+Policy (subd.recognise.commit): in the pipeline a word is committed at its deadline, from the
+hypothesis with the most right context that is in by then (``update(commit_until_ns)``); driven
+alone, LocalAgreement-2 with bounded lag, as follows.
 
 * Each ``update`` decodes the window [window_start, audio_end) with the committed text as the
   previous-text prompt. The encoder runs over the window's audio plus ``encoder_pad_ms``, not
@@ -26,7 +28,6 @@ Policy (LocalAgreement-2 with bounded lag):
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -43,8 +44,10 @@ from subd.models.engine import (
     live_threads,
 )
 from subd.models.words import prompt_text
+from subd.recognise.commit import after_commit_point, decide
 from subd.recognise.language import LanguageTracker
-from subd.recognise.vad import VoiceActivityDetector, regions_from_mask
+from subd.recognise.settle import settled_end
+from subd.recognise.vad import VoiceActivityDetector
 from subd.types import SAMPLE_RATE_HZ, AudioChunk, Hypothesis, Word, ns_to_samples, samples_to_ns
 from subd.validate import check_choice, check_range
 
@@ -59,13 +62,6 @@ GREEDY_POLICY = FallbackPolicy(temperatures=(0.0,))
 # of audio and took 1.8 s. The budget ends such a decode, and its repeating tail is cut.
 TOKENS_BASE = 20
 TOKENS_PER_S = 10
-# _settle: speech after the last word is 60 ms of voiced frames (a word onset, a short word);
-# bursts closer than 90 ms are one; a burst touching the last word and ending within 150 ms of
-# it is that word's own end
-SETTLE_MIN_SPEECH_MS = 60
-SETTLE_JOIN_MS = 90
-SETTLE_PAD_MS = 60
-REMAINDER_MS = 150
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,6 +80,14 @@ class StreamingConfig:
     # back until max_tentative_ms committed it. ``subd bench realtime`` (joined LibriVox clips):
     # committed p95 1.47-1.49 -> 0.86-0.87 s, WER 9.9 -> 8.5 %.
     unsure_agree_decodes: int = 3
+    # Deadline mode (the pipeline gives each update a commit_until_ns): agreement commits a
+    # word before its deadline only once this much audio was heard after it. Whisper's words
+    # and marks still change with 1-2 s of right context; past 3 s they do not, and committing
+    # them keeps the decoded tail (an update's cost) short when D is long.
+    agree_context_ms: int = 1000
+    # Deadline mode: a pause of pause_commit_ms after the last word commits the tail too (its
+    # text; the tagger still decides its punctuation at the deadline)
+    deadline_pause_commit: bool = False
     # A word Whisper is sure of, heard out well before the audio end and followed by another
     # word of the same hypothesis (which bounds its end time), can commit on its first decode:
     # one update of latency less. Off by default: at 300 ms / 0.8 it cut the median committed
@@ -121,6 +125,7 @@ class StreamingConfig:
             ("agree_guard_ms", 0, 5000),
             ("confident_guard_ms", 0, 5000),
             ("unsure_agree_decodes", 2, 100),
+            ("agree_context_ms", 0, 60000),
             ("trim_after_ms", 500, 20000),
             ("max_window_ms", 4000, 28000),
             ("encoder_pad_ms", 0, 30000),
@@ -130,10 +135,6 @@ class StreamingConfig:
         for key in ("agree_min_probability", "confident_min_probability"):
             check_range("recognizer", key, getattr(self, key), 0.0, 1.0)
         check_choice("recognizer", "precision", self.precision, ("int8", "fp32"))
-
-
-def _norm(text: str) -> str:
-    return re.sub(r"[^\w']+", "", text.lower())
 
 
 @dataclass(slots=True)
@@ -189,12 +190,17 @@ class StreamingRecognizer:
 
     # -- recognition -----------------------------------------------------------------------
 
-    def update(self) -> Hypothesis:
-        """Decode the current window if enough new audio arrived; commit what is settled."""
+    def update(self, commit_until_ns: int | None = None) -> Hypothesis:
+        """Decode the current window if enough new audio arrived; commit what is settled.
+
+        ``commit_until_ns`` (deadline mode, subd.recognise.commit): every word ending by then
+        must be committed by this update, since no later result is in before its deadline."""
         c, st = self.config, self.state
         end = self.audio.end_sample
         if end - st.last_decode_end < c.min_update_ms * SAMPLE_RATE_HZ // 1000:
-            return self._hypothesis([])
+            # no new decode: words now due are taken from the last hypothesis
+            due = [] if commit_until_ns is None else self._take_due(commit_until_ns)
+            return self._hypothesis(due)
         st.last_decode_end = end
         st.window_start = max(st.window_start, end - WINDOW_SAMPLES, self.audio.start_sample)
         window = self.audio.read(st.window_start, end)
@@ -203,8 +209,9 @@ class StreamingRecognizer:
         if self.languages.resolve(window, self.vad) is None:
             return self._hypothesis([])  # "auto": more speech before the language is named
         words = self._decode(window)
-        newly = self._commit(words, end)
-        newly += self._trim(end)
+        newly = self._commit(words, end, commit_until_ns)
+        newly += self._trim(end, pause_commit=commit_until_ns is None
+                            or self.config.deadline_pause_commit)
         self._settle(end)
         return self._hypothesis(newly)
 
@@ -286,71 +293,32 @@ class StreamingRecognizer:
         return first < end and self._has_speech(self.audio.read(first, end))
 
     def _after_commit_point(self, words: list[Word], forced: bool = False) -> list[Word]:
-        """Drop hypothesis words that re-state committed audio (Whisper repeats its context).
+        """Drop hypothesis words that re-state committed audio (subd.recognise.commit)."""
+        return after_commit_point(words, self.state.committed, self.state.committed_end_ns,
+                                  forced)
 
-        Word times move by ±100 ms between decodes, so the cut is by start time with a margin,
-        and then by text: a leading 1–5-gram equal to the committed tail is removed. After a
-        ``forced`` prefix (the committed words) every decoded word is new: only a word lying
-        wholly inside committed audio is dropped, since a start 100 ms earlier than the
-        committed end is timing noise, not a repeat (dropping it loses the word).
-        """
+    def _commit(self, words: list[Word], end: int, commit_until_ns: int | None) -> list[Word]:
         st = self.state
-        if forced:
-            out = [w for w in words if w.end_ns > st.committed_end_ns]
-        else:
-            cut = st.committed_end_ns - 100 * NS_PER_MS
-            out = [w for w in words if w.start_ns >= cut]
-        if not st.committed or not out or out[0].start_ns > st.committed_end_ns + 1_000 * NS_PER_MS:
-            return out
-        tail = [_norm(w.text) for w in st.committed[-5:]]
-        for n in range(min(5, len(out), len(tail)), 0, -1):
-            if [_norm(w.text) for w in out[:n]] == tail[-n:]:
-                return out[n:]
-        return out
-
-    def _commit(self, words: list[Word], end: int) -> list[Word]:
-        c, st = self.config, self.state
-        end_ns = samples_to_ns(end)
-        # a word that ends right at the audio end may be cut short (the speaker is mid-word):
-        # two decodes of nearly the same audio agree on such a guess, so it does not count
-        guard_ns = c.agree_guard_ms * NS_PER_MS
-        settled = 0
-        while settled < len(words) and end_ns - words[settled].end_ns >= guard_ns:
-            settled += 1
-        # streak[i]: decodes in a row, this one included, that heard words[i] out with the same
-        # words up to it. Agreement needs 2 (both decodes heard the word out: guesses at a
-        # cut-short word agree easily) and Whisper's probability, or unsure_agree_decodes.
-        streak = [0] * len(words)
-        for i in range(settled):
-            if i >= len(st.previous) or _norm(st.previous[i].text) != _norm(words[i].text):
-                streak[i:settled] = [1] * (settled - i)  # the words up to here differ
-                break
-            streak[i] = st.previous_streak[i] + 1
-        agreed = 0
-        while agreed < settled and streak[agreed] >= 2 and (
-                min(st.previous[agreed].probability, words[agreed].probability)
-                >= c.agree_min_probability or streak[agreed] >= c.unsure_agree_decodes):
-            agreed += 1  # two unsure guesses that agree are still guesses; more in a row are not
-        n = agreed
-        sure_ns = c.confident_guard_ms * NS_PER_MS
-        while (
-            c.confident_min_probability < 1.0
-            and n + 1 < len(words)
-            and end_ns - words[n].end_ns >= sure_ns
-            and words[n].probability >= c.confident_min_probability
-        ):
-            n += 1
-        while n < len(words) and end_ns - words[n].end_ns >= c.max_tentative_ms * NS_PER_MS:
-            n += 1
         window_ms = (end - st.window_start) * 1000 // SAMPLE_RATE_HZ
-        if window_ms >= c.max_window_ms and n < len(words) - 1:
-            n = len(words) - 1  # never let the window overflow: commit all but the last word
-            self.n_forced_cuts += 1
-        newly = self._take(words[:n])
-        st.previous = words[n:]
-        st.previous_streak = streak[n:]
-        if window_ms >= c.max_window_ms and not newly and not st.previous:
+        d = decide(self.config, words, st.previous, st.previous_streak, samples_to_ns(end),
+                   window_ms, commit_until_ns)
+        self.n_forced_cuts += d.forced_cut
+        newly = self._take(words[:d.n_commit])
+        st.previous = words[d.n_commit:]
+        st.previous_streak = list(d.streak[d.n_commit:])
+        if window_ms >= self.config.max_window_ms and not newly and not st.previous:
             st.window_start = end - 2 * SAMPLE_RATE_HZ  # no words at all: keep 2 s of context
+        return newly
+
+    def _take_due(self, commit_until_ns: int) -> list[Word]:
+        """Commit the words of the last hypothesis that are due (ending by the deadline)."""
+        st = self.state
+        n = 0
+        while n < len(st.previous) and st.previous[n].end_ns <= commit_until_ns:
+            n += 1
+        newly = self._take(st.previous[:n])
+        st.previous = st.previous[n:]
+        st.previous_streak = st.previous_streak[n:]
         return newly
 
     def _take(self, words: list[Word]) -> list[Word]:
@@ -379,15 +347,16 @@ class StreamingRecognizer:
         st.settled_end = end
         return self._hypothesis(newly)
 
-    def _trim(self, end: int) -> list[Word]:
-        """Move the window start up to the commit point; commit the tail at a pause."""
+    def _trim(self, end: int, pause_commit: bool = True) -> list[Word]:
+        """Move the window start up to the commit point; commit the tail at a pause (not in
+        deadline mode: a speaker who pauses may go on with the same sentence)."""
         c, st = self.config, self.state
         commit_sample = ns_to_samples(st.committed_end_ns)
         if commit_sample - st.window_start >= c.trim_after_ms * SAMPLE_RATE_HZ // 1000:
             # keep a second before the commit point: a cut exactly at a word boundary (±100 ms
             # from DTW) clips the next word's onset; the repeated words are dropped again
             st.window_start = max(st.window_start, min(commit_sample, end) - LEAD_IN_SAMPLES)
-        if self.vad is not None and st.previous:
+        if pause_commit and self.vad is not None and st.previous:
             # a pause after the last hypothesis word: the utterance has ended
             last_end = ns_to_samples(st.previous[-1].end_ns)
             tail = self.audio.read(max(last_end, st.window_start), end) if last_end < end else None
@@ -399,38 +368,12 @@ class StreamingRecognizer:
         return []
 
     def _settle(self, end: int) -> None:
-        """How far the hypothesis accounts for all speech (the tagger reads the gap after the
-        last word as a pause, so it must hold no speech): up to the first speech after the last
-        hypothesis word, or to the audio end when none follows.
-
-        Speech is looked for frame by frame (30 ms), not in VAD regions: a region needs 250 ms of
-        speech, and the onset of a word not transcribed yet (Whisper often leaves the window's
-        last word out), or a short word, is less. A short burst right at the last word's end is
-        that word's own remainder (DTW ends are often early), not a new word."""
+        """How far the hypothesis accounts for all speech (subd.recognise.settle)."""
         st = self.state
         last = st.previous[-1] if st.previous else (st.committed[-1] if st.committed else None)
-        if self.vad is None:
-            st.settled_end = max(st.settled_end, end if last is None else
-                                 min(end, ns_to_samples(last.end_ns)))
-            return
-        first = st.window_start if last is None else ns_to_samples(last.end_ns)
-        first = min(end, max(first, st.window_start))
-        onset = self._speech_onset(first, end) if first < end else None
-        st.settled_end = max(st.settled_end, end if onset is None else onset)
-
-    def _speech_onset(self, first: int, end: int) -> int | None:
-        """First sample of speech in [first, end) (a short burst at ``first`` skipped)."""
-        mask = self.vad.speech_mask(self.audio.read(first, end))
-        regions = regions_from_mask(
-            mask, n_samples=end - first, min_speech_ms=SETTLE_MIN_SPEECH_MS,
-            min_silence_ms=SETTLE_JOIN_MS, pad_ms=SETTLE_PAD_MS,
-            min_voiced_run_ms=SETTLE_MIN_SPEECH_MS,
-        )
-        pad = SETTLE_PAD_MS * SAMPLE_RATE_HZ // 1000
-        remainder = REMAINDER_MS * SAMPLE_RATE_HZ // 1000
-        if regions and regions[0][0] == 0 and regions[0][1] - pad <= remainder:
-            regions = regions[1:]
-        return first + regions[0][0] if regions else None
+        last_end = None if last is None else ns_to_samples(last.end_ns)
+        st.settled_end = max(st.settled_end,
+                             settled_end(self.vad, self.audio, st.window_start, last_end, end))
 
     def _hypothesis(self, newly: list[Word]) -> Hypothesis:
         """``audio_end_ns`` is the settled end (see ``_settle``), not the audio received."""

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import inspect
 import logging
 import time
 from collections.abc import Sequence
@@ -57,6 +58,10 @@ class FactorySpec:
 @dataclass(frozen=True, slots=True)
 class UpdateRequest:
     end_sample: int  # audio [accepted, end_sample) is in the history ring
+    # Deadline: every word ending by this audio time must be committed by this update (the
+    # look-ahead fetch of its tick comes before the next update's result can be in). None:
+    # the recogniser commits by its own policy alone.
+    commit_until_ns: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +78,8 @@ class RecogniseResult:
 
 
 class RecogniserHost:
+    _deadline_aware: bool | None = None  # whether the recogniser takes deadlines (first call)
+
     def __init__(self, recognizer: FactorySpec, history_capacity: int,
                  history_name: str | None = None, history: AudioHistory | None = None) -> None:
         self.history = history if history is not None else AudioHistory(
@@ -109,12 +116,29 @@ class RecogniserHost:
         lost = self._accept_until(request.end_sample)
         if isinstance(request, FinishRequest):
             hyp = self.recognizer.finish()
+        elif request.commit_until_ns is not None and self._takes_deadline():
+            hyp = self.recognizer.update(commit_until_ns=request.commit_until_ns)
         else:
             hyp = self.recognizer.update()
         return RecogniseResult(hyp, self.accepted_sample, time.monotonic_ns() - t_ns, lost)
 
+    def _takes_deadline(self) -> bool:
+        """Whether the recogniser's ``update`` takes ``commit_until_ns`` (a plugged-in
+        recogniser may not: it then commits by its own policy)."""
+        if self._deadline_aware is None:
+            self._deadline_aware = accepts(self.recognizer.update, "commit_until_ns")
+        return self._deadline_aware
+
     def close(self) -> None:
         self.history.close()
+
+
+def accepts(method: Any, name: str) -> bool:
+    """Whether ``method`` takes a keyword argument ``name`` (plugged-in stages may not)."""
+    try:
+        return name in inspect.signature(method).parameters
+    except (TypeError, ValueError):
+        return False
 
 
 # ---- tag stage ------------------------------------------------------------------------------
@@ -168,6 +192,8 @@ class TagRequest:
     tentative: tuple[Word, ...]
     audio_end_ns: int
     flush: bool = False  # end of stream: decide everything
+    # words ending by this audio time (tick k's end) are due: decided by this pass at the latest
+    decide_until_ns: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -202,9 +228,16 @@ def resolve_tagger(spec: str) -> FactorySpec | None:
 
 
 class TagHost:
+    _deadline_aware: bool | None = None  # whether the tagger takes deadlines (first call)
+
     def __init__(self, tagger: FactorySpec | None = None) -> None:
         self.tagger: StreamTagger = tagger.build() if tagger else PassThroughTagger()
         self.n_final = 0
+
+    def _takes_deadline(self) -> bool:
+        if self._deadline_aware is None:
+            self._deadline_aware = accepts(self.tagger.update, "decide_until_ns")
+        return self._deadline_aware
 
     def handle(self, req: TagRequest) -> TagResult:
         # A tag pass is a few small matrix products: with torch's default of one intra-op
@@ -216,8 +249,11 @@ class TagHost:
 
     def _handle(self, req: TagRequest) -> TagResult:
         t_ns = time.monotonic_ns()
+        kwargs = {}
+        if req.decide_until_ns is not None and self._takes_deadline():
+            kwargs["decide_until_ns"] = req.decide_until_ns
         upd = self.tagger.update(req.committed, () if req.flush else req.tentative,
-                                 req.audio_end_ns)
+                                 req.audio_end_ns, **kwargs)
         final = tuple(upd.final)
         provisional = tuple(upd.provisional)
         if req.flush:

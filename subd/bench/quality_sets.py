@@ -1,0 +1,203 @@
+"""The speech sets of ``subd bench quality`` and how a run's words are scored against them.
+
+Real speech with exact transcripts from Debian's pocketsphinx-testdata: the LibriVox clips (their
+punctuation is the book's, subd.bench.punct_e2e) and the "cards" clips (no punctuated reference:
+they count for WER, drops and latency only). A set is one stream: its clips one after another
+with 0.75 s of silence; a clip ends a sentence, since the next one is not what the book says
+next. espeak-ng speech (questions, commas) is a supplementary set, never the acceptance set.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from subd.errors import UserError
+from subd.scoring.punct import MARKS, SENTENCE_END, Scores, reference_words, split_marked
+from subd.scoring.wer import normalise, word_errors
+
+POCKETSPHINX = Path("/usr/share/pocketsphinx/test/data")
+GAP_S = 0.75
+# The split: chosen before any tuning, both sets mixing long and short clips.
+DEV_CLIPS = ("librivox/0870", "librivox/0890", "librivox/0920")
+HELDOUT_CLIPS = ("librivox/0880", "librivox/0930", "cards/001", "cards/002", "cards/003",
+                 "cards/004", "cards/005")
+SETS = {"dev": DEV_CLIPS, "heldout": HELDOUT_CLIPS}
+
+
+@dataclass(frozen=True, slots=True)
+class ClipRef:
+    name: str
+    audio: np.ndarray
+    words: tuple[str, ...]  # normalised reference words (WER)
+    marks: tuple[str, ...] | None  # punctuation after each word; None: no punctuated reference
+
+
+@dataclass(frozen=True, slots=True)
+class SpeechSet:
+    name: str
+    audio: np.ndarray
+    words: list[str]
+    marks: list[str | None]
+
+
+def _clip(key: str) -> ClipRef:
+    from subd.bench.punct_e2e import LIBRIVOX_CLIPS
+    from subd.sources.decode import load_audio
+
+    folder, clip = key.split("/")
+    if folder == "librivox":
+        path = next(iter((POCKETSPHINX / folder).glob(f"*-{clip}.wav")), None)
+        table = POCKETSPHINX / folder / "transcription"
+        book = next(t for c, t, _ in LIBRIVOX_CLIPS if c == clip)
+    else:
+        path = POCKETSPHINX / folder / f"{clip}.wav"
+        table = POCKETSPHINX / folder / f"{folder}.transcription"
+        book = None
+    if path is None or not path.exists() or not table.exists():
+        raise UserError(f"{POCKETSPHINX}/{folder}: clip {clip} is missing "
+                        "(apt-get install pocketsphinx-testdata)")
+    m = re.search(rf"<s>\s*(.*?)\s*</s>\s*\(\S*{clip}\)", table.read_text())
+    if m is None:
+        raise UserError(f"{table}: no transcript for {clip}")
+    words = tuple(normalise(m.group(1)))
+    marks = None
+    if book is not None:
+        ref = reference_words(book)
+        # the clip ends a sentence in the stream: the next clip is not what the book says next
+        ref[-1] = (ref[-1][0], ref[-1][1] if ref[-1][1] in SENTENCE_END else ".")
+        marks = _marks_on(words, ref)
+    return ClipRef(key, load_audio(path), words, marks)
+
+
+def _marks_on(words: tuple[str, ...], ref: list[tuple[str, str]]) -> tuple[str, ...]:
+    """The book's marks moved onto the transcript's words (the reader's "a amiable")."""
+    import difflib
+
+    out = [""] * len(words)
+    book = [normalise(w)[0] if normalise(w) else w for w, _ in ref]
+    sm = difflib.SequenceMatcher(a=list(words), b=book, autojunk=False)
+    for block in sm.get_matching_blocks():
+        for k in range(block.size):
+            out[block.a + k] = ref[block.b + k][1]
+    out[-1] = ref[-1][1]
+    return tuple(out)
+
+
+def build_set(name: str, keys: tuple[str, ...]) -> SpeechSet:
+    gap = np.zeros(int(GAP_S * 16000), np.float32)
+    parts, words, marks = [], [], []
+    for key in keys:
+        clip = _clip(key)
+        parts += [clip.audio, gap]
+        words += clip.words
+        marks += list(clip.marks) if clip.marks is not None else [None] * len(clip.words)
+    return SpeechSet(name, np.concatenate(parts), words, marks)
+
+
+def synthetic_set() -> SpeechSet:
+    import shutil
+    import subprocess
+    import tempfile
+
+    from subd.bench.punct_e2e import NEWS_PARAGRAPH
+    from subd.sources.decode import load_audio
+
+    exe = shutil.which("espeak-ng")
+    if exe is None:
+        raise UserError("--synthetic needs espeak-ng (scripts/install-deps.sh)")
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "news.wav"
+        subprocess.run([exe, "-v", "en-us", "-s", "160", "-w", str(out), NEWS_PARAGRAPH],
+                       check=True)
+        audio = load_audio(out)
+    ref = reference_words(NEWS_PARAGRAPH)
+    return SpeechSet("synthetic", np.concatenate([audio, np.zeros(12_000, np.float32)]),
+                     [w for w, _ in ref], [m for _, m in ref])
+
+
+# ---- scoring ----------------------------------------------------------------------------------
+
+
+def _align(ref: list[str], hyp: list[str]) -> tuple[list[int | None], list[bool]]:
+    """A minimum-edit-distance alignment: per reference word, the hypothesis word equal to it
+    (None: substituted or deleted), and whether it was deleted (no hypothesis word at all)."""
+    n, m = len(ref), len(hyp)
+    d = np.zeros((n + 1, m + 1), np.int32)
+    d[:, 0] = np.arange(n + 1)
+    d[0, :] = np.arange(m + 1)
+    for i in range(1, n + 1):
+        for j in range(1, m + 1):
+            d[i, j] = min(d[i - 1, j] + 1, d[i, j - 1] + 1,
+                          d[i - 1, j - 1] + (ref[i - 1] != hyp[j - 1]))
+    matched: list[int | None] = [None] * n
+    deleted = [False] * n
+    i, j = n, m
+    while i > 0:
+        if j > 0 and d[i, j] == d[i - 1, j - 1] + (ref[i - 1] != hyp[j - 1]):
+            matched[i - 1] = j - 1 if ref[i - 1] == hyp[j - 1] else None
+            i, j = i - 1, j - 1
+        elif d[i, j] == d[i - 1, j] + 1:
+            deleted[i - 1] = True
+            i -= 1
+        else:
+            j -= 1
+    return matched, deleted
+
+
+def _dropped_spans(ref: list[str], deleted: list[bool]) -> list[str]:
+    """Runs of >= 3 consecutive reference words that the alignment deletes."""
+    spans, run = [], []
+    for word, gone in zip([*ref, ""], [*deleted, False], strict=True):
+        if gone:
+            run.append(word)
+            continue
+        if len(run) >= 3:
+            spans.append(" ".join(run))
+        run = []
+    return spans
+
+
+@dataclass
+class RunScore:
+    wer_pct: float
+    f1: dict[str, float]
+    dropped: list[str]
+    stops_inside: int
+    latency_s: dict[str, float] = field(default_factory=dict)
+    text: str = ""
+
+    def as_dict(self) -> dict:
+        return {"wer_pct": self.wer_pct, "f1": self.f1, "dropped_spans": len(self.dropped),
+                "dropped": self.dropped, "full_stops_inside_sentences": self.stops_inside,
+                "latency_s": self.latency_s}
+
+
+def score_words(sset: SpeechSet, shown: list[tuple[str, str]]) -> RunScore:
+    """``shown``: (word as the recogniser spelt it, mark after it), in order."""
+    hyp: list[tuple[str, str]] = []
+    for text, mark in shown:
+        parts = split_marked(text)
+        for i, (w, own) in enumerate(parts):
+            for piece in normalise(w):
+                hyp.append((piece, ""))
+            if hyp and i == len(parts) - 1:
+                hyp[-1] = (hyp[-1][0], mark if mark is not None else own)
+    words = [w for w, _ in hyp]
+    align, deleted = _align(sset.words, words)
+    s = Scores()
+    stops = 0
+    for r, h in enumerate(align):
+        truth = sset.marks[r]
+        if h is None or truth is None:
+            continue
+        mark = hyp[h][1]
+        for key in MARKS:
+            s.add(key, mark == key, truth == key)
+        stops += mark in SENTENCE_END and truth not in SENTENCE_END
+    return RunScore(100 * word_errors(sset.words, words) / max(1, len(sset.words)),
+                    {k: s.f1(k)[2] for k in MARKS}, _dropped_spans(sset.words, deleted), stops,
+                    text=" ".join(t + (m or "") for t, m in shown))

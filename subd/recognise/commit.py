@@ -1,0 +1,132 @@
+"""The commit policy of the streaming recogniser: which words of a new hypothesis become final.
+
+Two modes, by what the caller knows:
+
+* **Deadline mode** (``commit_until_ns`` given: the pipeline, which knows the tick clock). A
+  word is committed when its deadline leaves no later update: the pipeline asks for every word
+  ending by ``commit_until_ns`` (its tick's look-ahead fetch comes before the next update's
+  result can be in), and those words are taken from this hypothesis, the one with the most right
+  context they will ever get. Nothing is decided before it has to be, with one exception that
+  costs no quality: two decodes that agree on a word heard out for ``agree_context_ms`` commit it
+  early (Whisper does not change such a word any more; it keeps the decoded tail short when D is
+  long). A pause after the last word commits nothing: the speaker may go on ("ask not. What").
+* **Agreement mode** (no deadline: benchmarks and tools that drive the recogniser alone), as
+  before: LocalAgreement-2 over decodes that heard the word out, bounded by ``max_tentative_ms``.
+
+In both modes the window can never overflow (``max_window_ms``: all but the last word commit).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from subd.types import Word
+
+NS_PER_MS = 1_000_000
+
+
+class PolicyConfig(Protocol):
+    agree_guard_ms: int
+    agree_min_probability: float
+    unsure_agree_decodes: int
+    agree_context_ms: int
+    confident_guard_ms: int
+    confident_min_probability: float
+    max_tentative_ms: int
+    max_window_ms: int
+
+
+def norm_word(text: str) -> str:
+    return re.sub(r"[^\w']+", "", text.lower())
+
+
+@dataclass(frozen=True, slots=True)
+class CommitDecision:
+    n_commit: int  # the first n words of the hypothesis commit now
+    streak: tuple[int, ...]  # per word: decodes in a row that heard it out, same words up to it
+    forced_cut: bool  # the window reached max_window_ms
+
+
+def decode_streak(words: Sequence[Word], previous: Sequence[Word],
+                  previous_streak: Sequence[int], n_heard: int) -> list[int]:
+    """streak[i]: decodes in a row, this one included, that heard words[i] out (the first
+    ``n_heard`` words) with the same words up to it; 0 for words not heard out."""
+    streak = [0] * len(words)
+    for i in range(n_heard):
+        if i >= len(previous) or norm_word(previous[i].text) != norm_word(words[i].text):
+            streak[i:n_heard] = [1] * (n_heard - i)  # the words up to here differ
+            break
+        streak[i] = previous_streak[i] + 1
+    return streak
+
+
+def decide(cfg: PolicyConfig, words: Sequence[Word], previous: Sequence[Word],
+           previous_streak: Sequence[int], end_ns: int, window_ms: int,
+           commit_until_ns: int | None) -> CommitDecision:
+    """How many leading words of ``words`` (after the commit point) commit now."""
+    # a word that ends right at the audio end may be cut short (the speaker is mid-word):
+    # two decodes of nearly the same audio agree on such a guess, so it does not count
+    guard_ns = cfg.agree_guard_ms * NS_PER_MS
+    heard = 0
+    while heard < len(words) and end_ns - words[heard].end_ns >= guard_ns:
+        heard += 1
+    streak = decode_streak(words, previous, previous_streak, heard)
+    # Agreement needs 2 (both decodes heard the word out) and Whisper's probability, or
+    # unsure_agree_decodes in a row: two unsure guesses that agree are still guesses.
+    agreed = 0
+    while agreed < heard and streak[agreed] >= 2 and (
+            min(previous[agreed].probability, words[agreed].probability)
+            >= cfg.agree_min_probability or streak[agreed] >= cfg.unsure_agree_decodes):
+        agreed += 1
+    if commit_until_ns is not None:
+        context_ns = cfg.agree_context_ms * NS_PER_MS
+        early = 0
+        while early < agreed and end_ns - words[early].end_ns >= context_ns:
+            early += 1
+        # a due word the decode has not heard out (it may be cut short at the audio end)
+        # waits for the next update: late by part of an update, where committing the guess
+        # puts a cut word into every later decode's prefix ("old sp Sp Sp Sp")
+        due = 0
+        while due < heard and words[due].end_ns <= commit_until_ns:
+            due += 1
+        n = max(early, due)
+    else:
+        n = agreed
+        sure_ns = cfg.confident_guard_ms * NS_PER_MS
+        while (cfg.confident_min_probability < 1.0 and n + 1 < len(words)
+               and end_ns - words[n].end_ns >= sure_ns
+               and words[n].probability >= cfg.confident_min_probability):
+            n += 1
+        while n < len(words) and end_ns - words[n].end_ns >= cfg.max_tentative_ms * NS_PER_MS:
+            n += 1
+    forced = window_ms >= cfg.max_window_ms and n < len(words) - 1
+    if forced:
+        n = len(words) - 1  # never let the window overflow: commit all but the last word
+    return CommitDecision(n, tuple(streak), forced)
+
+
+def after_commit_point(words: list[Word], committed: Sequence[Word], committed_end_ns: int,
+                       forced: bool = False) -> list[Word]:
+    """Drop hypothesis words that re-state committed audio (Whisper repeats its context).
+
+    Word times move by ±100 ms between decodes, so the cut is by start time with a margin,
+    and then by text: a leading 1–5-gram equal to the committed tail is removed. After a
+    ``forced`` prefix (the committed words) every decoded word is new: only a word lying
+    wholly inside committed audio is dropped, since a start 100 ms earlier than the
+    committed end is timing noise, not a repeat (dropping it loses the word).
+    """
+    if forced:
+        out = [w for w in words if w.end_ns > committed_end_ns]
+    else:
+        cut = committed_end_ns - 100 * NS_PER_MS
+        out = [w for w in words if w.start_ns >= cut]
+    if not committed or not out or out[0].start_ns > committed_end_ns + 1_000 * NS_PER_MS:
+        return out
+    tail = [norm_word(w.text) for w in committed[-5:]]
+    for n in range(min(5, len(out), len(tail)), 0, -1):
+        if [norm_word(w.text) for w in out[:n]] == tail[-n:]:
+            return out[n:]
+    return out

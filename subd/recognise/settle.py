@@ -1,0 +1,49 @@
+"""How far a streaming hypothesis accounts for all speech (its "settled" audio end).
+
+The tagger reads the gap after the last word as a pause, so that gap must hold no speech: the
+settled end is the first speech after the last hypothesis word, or the audio end when none
+follows. Speech is looked for frame by frame (30 ms), not in VAD regions: a region needs 250 ms
+of speech, and the onset of a word not transcribed yet (Whisper often leaves the window's last
+word out), or a short word, is less. A short burst right at the last word's end is that word's
+own remainder (DTW ends are often early), not a new word.
+"""
+
+from __future__ import annotations
+
+from subd.recognise.vad import VoiceActivityDetector, regions_from_mask
+from subd.types import SAMPLE_RATE_HZ
+
+# speech after the last word is 60 ms of voiced frames (a word onset, a short word); bursts
+# closer than 90 ms are one; a burst touching the last word and ending within 150 ms of it is
+# that word's own end
+SETTLE_MIN_SPEECH_MS = 60
+SETTLE_JOIN_MS = 90
+SETTLE_PAD_MS = 60
+REMAINDER_MS = 150
+
+
+def settled_end(vad: VoiceActivityDetector | None, audio, window_start: int,
+                last_end: int | None, end: int) -> int:
+    """Samples: the hypothesis (last word ending at sample ``last_end``, None: no word) accounts
+    for all speech before the returned sample. ``audio`` has ``read(first, end)``."""
+    if vad is None:
+        return end if last_end is None else min(end, last_end)
+    first = window_start if last_end is None else last_end
+    first = min(end, max(first, window_start))
+    onset = speech_onset(vad, audio, first, end) if first < end else None
+    return end if onset is None else onset
+
+
+def speech_onset(vad: VoiceActivityDetector, audio, first: int, end: int) -> int | None:
+    """First sample of speech in [first, end) (a short burst at ``first`` skipped)."""
+    mask = vad.speech_mask(audio.read(first, end))
+    regions = regions_from_mask(
+        mask, n_samples=end - first, min_speech_ms=SETTLE_MIN_SPEECH_MS,
+        min_silence_ms=SETTLE_JOIN_MS, pad_ms=SETTLE_PAD_MS,
+        min_voiced_run_ms=SETTLE_MIN_SPEECH_MS,
+    )
+    pad = SETTLE_PAD_MS * SAMPLE_RATE_HZ // 1000
+    remainder = REMAINDER_MS * SAMPLE_RATE_HZ // 1000
+    if regions and regions[0][0] == 0 and regions[0][1] - pad <= remainder:
+        regions = regions[1:]
+    return first + regions[0][0] if regions else None

@@ -1,0 +1,252 @@
+"""Deadline-aware decisions (DESIGN, "The promise" 5): a word is decided as late as its tick's
+look-ahead fetch allows, from the hypothesis with the most right context, and still in time when
+D is short. Committed text never changes."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+
+import numpy as np
+import pytest
+
+from subd.clock import FakeClock
+from subd.history import AudioHistory
+from subd.pipeline.scheduler import Pipeline, TickSettings
+from subd.pipeline.ticks import TickGrid
+from subd.punct.stream import PunctStream
+from subd.recognise.streaming import StreamingRecognizer
+from subd.sources.decode import load_audio
+from subd.sources.live import FileSource
+from subd.types import SAMPLE_RATE_HZ, AudioChunk, Hypothesis, Word
+from subd.workers.hosts import FactorySpec, RecogniserHost, TagHost
+from subd.workers.process import InlineWorker
+from tests.test_scheduler import ListSink
+from tests.test_streaming import _ScriptedEngine as _Scripts
+from tests.test_streaming import _voiced
+
+MS = 1_000_000
+T0_NS = 5_000_000_000
+
+
+# ---- the recogniser's commit policy -------------------------------------------------------------
+
+
+class _Tokenizer:
+    """Enough of Whisper's tokenizer for the prompt and the forced prefix of a scripted
+    decode (the script ignores them)."""
+
+    multilingual = False
+    special = type("Special", (), {"timestamp_begin": 50363})
+
+    def encode(self, text: str) -> list[int]:
+        return [1] * len(text.split())
+
+
+class _ScriptedEngine(_Scripts):
+    def __init__(self, *scripts):
+        super().__init__(*scripts)
+        self.tokenizer = _Tokenizer()
+
+
+@pytest.fixture(scope="module")
+def voiced(speech_clips) -> np.ndarray:
+    return _voiced(load_audio(speech_clips[0].path), 160)  # 4.8 s the VAD calls speech
+
+
+def _feed(rec: StreamingRecognizer, audio: np.ndarray, end_s: float) -> None:
+    end = int(end_s * SAMPLE_RATE_HZ)
+    rec.accept(AudioChunk(rec.audio.end_sample, audio[rec.audio.end_sample:end]))
+
+
+# Whisper's guess at "ill-disposed" changes as it hears more: the early decodes agree on the
+# wrong word with high probability (what LocalAgreement commits), the later ones correct it.
+EARLY = [("an", 0.2, 0.4, 0.9), ("old-sposed", 0.4, 1.0, 0.9), ("young", 1.0, 1.3, 0.9)]
+LATE = [("an", 0.2, 0.4, 0.9), ("ill-disposed", 0.4, 1.0, 0.9), ("young", 1.0, 1.3, 0.9),
+        ("man,", 1.3, 1.6, 0.9)]
+
+
+def test_a_word_waits_for_right_context_when_its_deadline_allows(voiced):
+    """Long D: the decodes agree on "old-sposed" at once, but its deadline is far; the word
+    stays tentative (shown as such) and is decided by the last decode before its deadline,
+    the one that heard 1.6 s after it."""
+    rec = StreamingRecognizer(engine=_ScriptedEngine(EARLY, EARLY, EARLY, LATE, LATE),
+                              confident_min_probability=1.0, agree_context_ms=3000)
+    deadline_ns = 1100 * MS  # "old-sposed" (ends 1.0 s) is due by the update at 2.6 s
+    committed = []
+    for end_s in (1.4, 1.6, 1.8, 2.2, 2.6):
+        _feed(rec, voiced, end_s)
+        hyp = rec.update(commit_until_ns=deadline_ns if end_s >= 2.6 else 0)
+        if end_s < 2.6:
+            assert hyp.committed == ()  # agreement alone decides nothing this early
+            assert [w.text for w in hyp.tentative][:2] == ["an", EARLY[1][0]
+                                                           if end_s < 2.2 else "ill-disposed"]
+        committed += hyp.committed
+    assert [w.text for w in committed] == ["an", "ill-disposed"]
+    assert [w.text for w in rec.update(commit_until_ns=deadline_ns).tentative] == ["young",
+                                                                                   "man,"]
+
+
+def test_a_short_deadline_is_still_met_from_the_first_hypothesis(voiced):
+    """Short D: every word due is committed by the first decode that heard it out, without a
+    second opinion (the deadline wins over agreement). A word ending at the audio end may be
+    cut short: it waits for the next update rather than put a guess into every later
+    decode."""
+    rec = StreamingRecognizer(engine=_ScriptedEngine(EARLY, LATE), confident_min_probability=1.0)
+    _feed(rec, voiced, 1.35)
+    hyp = rec.update(commit_until_ns=1350 * MS)
+    assert [w.text for w in hyp.committed] == ["an", "old-sposed"]
+    assert [w.text for w in hyp.tentative] == ["young"]  # ends 50 ms before the audio end
+    _feed(rec, voiced, 1.6)
+    hyp = rec.update(commit_until_ns=1600 * MS)
+    assert [w.text for w in hyp.committed] == ["young"]
+    assert [w.text for w in hyp.tentative] == ["man,"]
+
+
+def test_words_heard_out_long_enough_commit_early_on_agreement(voiced):
+    """D = 10 s: words two decodes agree on, heard out for agree_context_ms, commit before
+    their deadline (they will not change; the decoded tail stays short)."""
+    words = [("he", 0.1, 0.3, 0.9), ("was", 0.3, 0.6, 0.9), ("not", 2.0, 2.4, 0.9)]
+    rec = StreamingRecognizer(engine=_ScriptedEngine(words), confident_min_probability=1.0,
+                              agree_context_ms=3000)
+    for end_s in (3.0, 3.2):  # "he" heard out for 2.9 s at most: agreed, not yet committed
+        _feed(rec, voiced, end_s)
+        assert rec.update(commit_until_ns=0).committed == ()
+    _feed(rec, voiced, 3.7)
+    assert [w.text for w in rec.update(commit_until_ns=0).committed] == ["he", "was"]
+
+
+def test_a_due_word_is_taken_from_the_last_hypothesis_without_a_new_decode(voiced):
+    """No new audio for a decode, but a deadline passed: the last hypothesis decides."""
+    rec = StreamingRecognizer(engine=_ScriptedEngine(LATE), confident_min_probability=1.0,
+                              min_update_ms=200)
+    _feed(rec, voiced, 1.8)
+    assert rec.update(commit_until_ns=0).committed == ()
+    _feed(rec, voiced, 1.9)  # 100 ms: no decode
+    hyp = rec.update(commit_until_ns=1000 * MS)
+    assert rec.n_decodes == 1
+    assert [w.text for w in hyp.committed] == ["an", "ill-disposed"]
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_committed_text_never_changes_under_any_deadlines(voiced, seed):
+    """Hypotheses that keep changing and deadlines at random: committed words only ever add
+    up (nothing committed is re-stated or retracted), in time order, and the tentative tail
+    always lies after them."""
+    rng = random.Random(seed)
+    scripts = []
+    for _ in range(12):
+        t, script = 0.1, []
+        for i in range(10):
+            dur = rng.uniform(0.15, 0.4)
+            script.append((rng.choice([f"w{i}", f"v{i}"]), t, t + dur, rng.uniform(0.05, 1)))
+            t += dur + rng.choice([0.02, 0.05, 0.4])
+        scripts.append(script)
+    rec = StreamingRecognizer(engine=_ScriptedEngine(*scripts), confident_min_probability=1.0)
+    committed: list[Word] = []
+    for i in range(12):
+        _feed(rec, voiced, 1.0 + 0.3 * i)
+        hyp = rec.update(commit_until_ns=rng.choice([0, int((0.3 * i + rng.random()) * 1e9)]))
+        committed += hyp.committed
+        assert rec.state.committed == committed
+        if committed:
+            assert all(w.end_ns > committed[-1].end_ns for w in hyp.tentative)
+    committed += rec.finish().committed
+    assert all(a.end_ns <= b.start_ns for a, b in zip(committed, committed[1:], strict=False))
+    assert len(committed) >= 5
+
+
+# ---- the tagger decides at the tick's fetch, not before -------------------------------------
+
+
+def test_punctuation_is_decided_at_the_deadline_not_before():
+    from subd.models.punct import PunctTagger
+
+    stream = PunctStream(PunctTagger.load())
+    words = [Word(w, i * 300 * MS, (i * 300 + 250) * MS) for i, w in
+             enumerate("we walked all the way back to the house".split())]
+    upd = stream.update(words[:6], words[6:], 2500 * MS, decide_until_ns=900 * MS)
+    # five words of right context, but only the first three are due by 0.9 s
+    assert [t.word.text for t in upd.final] == ["we", "walked", "all"]
+    assert all(not t.final for t in upd.provisional)
+    upd = stream.update([], words[6:], 2500 * MS, decide_until_ns=0)
+    assert upd.final == ()
+    upd = stream.update(words[6:], [], 2500 * MS, decide_until_ns=10_000 * MS)
+    assert [t.word.text for t in upd.final] == words_text(words[3:])
+
+
+def words_text(words: list[Word]) -> list[str]:
+    return [w.text for w in words]
+
+
+# ---- the pipeline: deadlines from the tick clock --------------------------------------------
+
+
+class DeadlineRecognizer:
+    """Hears a fixed script; commits exactly what the pipeline says is due (and the rest at
+    the end). Records, per committed word, how much audio it had heard when it committed."""
+
+    def __init__(self, n_words: int = 12) -> None:
+        self.words = [Word(f"w{i}", (200 + 400 * i) * MS, (500 + 400 * i) * MS)
+                      for i in range(n_words)]
+        self.audio_end_ns = 0
+        self.n = 0
+        self.context_ns: list[int] = []
+
+    def accept(self, chunk: AudioChunk) -> None:
+        self.audio_end_ns = (chunk.start_sample + chunk.n_samples) * 1_000_000_000 // 16000
+
+    def update(self, commit_until_ns: int | None = None) -> Hypothesis:
+        heard = [w for w in self.words[self.n:] if w.end_ns <= self.audio_end_ns]
+        due = [w for w in heard if commit_until_ns is not None and w.end_ns <= commit_until_ns]
+        self.n += len(due)
+        self.context_ns += [self.audio_end_ns - w.end_ns for w in due]
+        return Hypothesis(tuple(due), tuple(heard[len(due):]), self.audio_end_ns)
+
+    def finish(self) -> Hypothesis:
+        rest = tuple(self.words[self.n:])
+        self.n = len(self.words)
+        return Hypothesis(rest, (), self.audio_end_ns)
+
+
+def _tick_of(grid: TickGrid, end_ns: int) -> int:
+    """The tick that publishes a word ending at ``end_ns``: the first whose audio reaches it."""
+    k = max(0, end_ns * 30 // 1_000_000_000 - 2)
+    while grid.audio_end_ns(k) < end_ns:
+        k += 1
+    return k
+
+
+@pytest.mark.parametrize("latency_ms", [500, 1000, 2000, 10_000])
+def test_the_pipeline_decides_each_word_at_its_deadline(latency_ms):
+    """Every word is published at the tick that holds its end (none late), and it was decided
+    with the right context that D allows: D - A less the next update (two update costs, or
+    the cadence and one cost), a margin and one tick."""
+    seconds = 4.0 + 2.5 * latency_ms / 1000
+    rec_cost_ms = 150
+
+    async def main():
+        clock = FakeClock(start_ns=T0_NS)
+        history = AudioHistory(SAMPLE_RATE_HZ * 40)
+        spec = FactorySpec("tests.test_deadline:DeadlineRecognizer",
+                           {"n_words": int((seconds - 1) / 0.4)})
+        host = RecogniserHost(spec, history.capacity, history=history)
+        rec = InlineWorker("recognise", host, clock, lambda r: rec_cost_ms * MS)
+        tag = InlineWorker("tag", TagHost(None), clock, lambda r: 5 * MS)
+        sink = ListSink()
+        pipeline = Pipeline(
+            clock=clock, settings=TickSettings(latency_ms=latency_ms, drain_timeout_s=60),
+            source=FileSource(np.zeros(int(seconds * SAMPLE_RATE_HZ), np.float32)),
+            recogniser=rec, tagger=tag, history=history, sinks=[sink])
+        task = asyncio.ensure_future(pipeline.run())
+        await clock.run_until_done(task, limit_ns=T0_NS + int((seconds + 60) * 1e9))
+        return sink, host.recognizer
+
+    sink, recognizer = asyncio.run(main())
+    grid = TickGrid.create("30", T0_NS, latency_ms, 150)
+    shown = [(tw.word, s.k) for s in sink.states for tw in s.committed]
+    assert [w.text for w, _ in shown] == [w.text for w in recognizer.words]
+    assert [k for _, k in shown] == [_tick_of(grid, w.end_ns) for w, _ in shown]
+    allowed_ms = latency_ms - 150 - max(2 * rec_cost_ms, 200 + rec_cost_ms) - 30 - 34
+    assert len(recognizer.context_ns) >= 5  # decided by updates, not at the end of the stream
+    assert min(recognizer.context_ns) >= allowed_ms * MS
