@@ -250,3 +250,18 @@ def test_the_pipeline_decides_each_word_at_its_deadline(latency_ms):
     allowed_ms = latency_ms - 150 - max(2 * rec_cost_ms, 200 + rec_cost_ms) - 30 - 34
     assert len(recognizer.context_ns) >= 5  # decided by updates, not at the end of the stream
     assert min(recognizer.context_ns) >= allowed_ms * MS
+
+
+def test_marks_the_recogniser_wrote_with_right_context_are_kept_at_the_deadline():
+    """trust_recogniser_after_words: Whisper's mark and case on a word it decoded words after
+    are kept as they are; a word at the very end of its decode (no word after it: where
+    Whisper ends every window with a full stop) is left to the tagger."""
+    from subd.models.punct import PunctTagger
+    from subd.punct.stream import PunctConfig
+
+    stream = PunctStream(PunctTagger.load(), PunctConfig(trust_recogniser_after_words=2))
+    texts = "And so, my fellow Americans, ask not what your country can do for you".split()
+    words = [Word(w, i * 300 * MS, (i * 300 + 250) * MS) for i, w in enumerate(texts)]
+    upd = stream.update(words[:6], words[6:], 4000 * MS, decide_until_ns=1800 * MS)
+    assert [t.text + t.punct for t in upd.final] == ["And", "so,", "my", "fellow",
+                                                      "Americans,", "ask"]

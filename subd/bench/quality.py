@@ -58,6 +58,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="--pace cpu: a streaming recogniser option (subd.recognise.streaming."
                         "StreamingConfig), e.g. agree_context_ms=2000; repeatable")
     p.add_argument("--tagger", default="auto", help="[pipeline] tagger: auto, none, ...")
+    p.add_argument("--punct", action="append", default=[], metavar="KEY=VALUE",
+                   help="--pace cpu: a PunctConfig option of the tagger; repeatable")
     p.add_argument("--plot", default="quality_vs_latency.png", help="PNG output")
     p.add_argument("--json", help="write the figures here as JSON")
     p.add_argument("--show", action="store_true", help="print each run's text")
@@ -123,10 +125,11 @@ async def _stream_cpu(sset: SpeechSet, latency_ms: int, args) -> tuple[list, int
     from subd.config import load_config
     from subd.history import AudioHistory
     from subd.pipeline.scheduler import Pipeline, TickSettings
+    from subd.punct.stream import PunctConfig
     from subd.service.build import recognizer_spec
     from subd.sources.live import FileSource
     from subd.types import SAMPLE_RATE_HZ
-    from subd.workers.hosts import RecogniserHost, TagHost, resolve_tagger
+    from subd.workers.hosts import FactorySpec, RecogniserHost, TagHost, resolve_tagger
     from subd.workers.process import InlineWorker
 
     cfg = load_config(args.config)
@@ -137,6 +140,10 @@ async def _stream_cpu(sset: SpeechSet, latency_ms: int, args) -> tuple[list, int
                            **recognizer_overrides(args.overrides))
     rec = _CpuTimed(RecogniserHost(spec, history.capacity, history=history))
     tagger = resolve_tagger(args.tagger)
+    if args.punct and tagger is not None:
+        tagger = FactorySpec(tagger.target, {**tagger.kwargs, **dict(
+            (k, type(getattr(PunctConfig(), k))(v)) for k, v in
+            (item.split("=", 1) for item in args.punct))})
     tag = _CpuTimed(TagHost(tagger))
     seen = _Seen()
     settings = TickSettings(fps=cfg.tick.fps, latency_ms=latency_ms,

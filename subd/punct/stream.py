@@ -58,6 +58,10 @@ class PunctConfig:
     left_context_words: int = 16
     max_pending_words: int = 48
     recogniser_marks: bool = True  # weigh the recogniser's own marks (False: words only)
+    # Deadline mode: a word the recogniser wrote with at least this many words decoded after
+    # it keeps the recogniser's own mark and case (Whisper decided them with right context);
+    # the tagger decides the others, the window-edge words among them. 0: the tagger decides.
+    trust_recogniser_after_words: int = 0
 
     def __post_init__(self) -> None:
         _check("right_context_words", self.right_context_words, 1, 32)
@@ -65,6 +69,7 @@ class PunctConfig:
         _check("trailing_pause_commit_ms", self.trailing_pause_commit_ms, 50.0, 10000.0)
         _check("left_context_words", self.left_context_words, 1, 256)
         _check("max_pending_words", self.max_pending_words, self.right_context_words + 1, 512)
+        _check("trust_recogniser_after_words", self.trust_recogniser_after_words, 0, 64)
         if not isinstance(self.recogniser_marks, bool):
             raise ConfigError(
                 f"[punct] recogniser_marks must be true or false, got {self.recogniser_marks!r}")
@@ -198,6 +203,13 @@ class PunctStream:
                 checked = self._edge_checked(window, pauses, marks, len(left), n_decide, tags)
                 self._memo_edge = ((key, n_decide), checked)
             tags = self._memo_edge[1]
+        k_trust = self.config.trust_recogniser_after_words
+        if k_trust and marks is not None and not complete:
+            tags = list(tags)
+            for i in range(min(n_decide, len(tags))):
+                mark = marks[len(left) + i]
+                if mark.n_after is not None and mark.n_after >= k_trust:
+                    tags[i] = WordTag(mark.punct, mark.case, tags[i].break_after)
         decided = zip(self._pending[:n_decide], tags, strict=False)
         final = tuple(tagged_word(w, t, True) for w, t in decided)
         rest = list(zip([*self._pending[n_decide:], *tail], tags[n_decide:], strict=True))
