@@ -39,6 +39,8 @@ def load_batching_engine(model: str = "tiny.en", device: str = "auto", precision
                            torch_dtype(placement.precision),
                            max_rows=max_rows if placement.cuda else min(max_rows, CPU_MAX_ROWS),
                            quantize=placement.precision == "int8")
+    if placement.cuda:  # compile and capture now, not on the first channels' words
+        windows.warm()
     log.info("batched recogniser: %s on %s (%s)", model, placement.device, placement.precision)
     _ENGINE = BatchingEngine(windows)
     return _ENGINE
