@@ -168,7 +168,9 @@ async def _run_subd(args, audio: np.ndarray) -> tuple[dict, Observed]:
     parent, child = ctx.Pipe()
     loop = asyncio.get_running_loop()
     run_task = start_task(daemon.run(), "bench:daemon")
-    while daemon.bound_port is None and not run_task.done():
+    # the port is bound before the model loads (its routes answer 503 until the channel is
+    # up): the client connects once the source has started, ticks come D after that
+    while (daemon.bound_port is None or not source.t0_ns) and not run_task.done():
         await asyncio.sleep(0.01)
     client = ctx.Process(target=_sse_client, args=(daemon.bound_port, child), daemon=True)
     client.start()
