@@ -10,6 +10,7 @@ from fractions import Fraction
 import numpy as np
 import pytest
 import soundfile as sf
+from daemon_helpers import START_LIMIT_S, healthz, wait_for
 
 from subd.cli import main
 from subd.config import load_config
@@ -173,6 +174,8 @@ def test_run_shipped_config_serves_events_from_the_demo_clip(tmp_path):
                 port = int(m.group(1))
                 break
         assert port, "the daemon never said where it serves"
+        # the port is bound before the model loads: /events is there once /healthz says ok
+        wait_for(lambda: healthz(port)[1]["status"] == "ok", START_LIMIT_S, "/healthz ok", proc)
 
         async def read_events():
             import aiohttp
@@ -182,6 +185,7 @@ def test_run_shipped_config_serves_events_from_the_demo_clip(tmp_path):
                     session.get(f"http://127.0.0.1:{port}/events") as resp:
                 while len(got) < 3:
                     line = (await resp.content.readline()).decode()
+                    assert line, "the event stream ended"
                     if line.startswith("data:"):
                         got.append(json.loads(line[5:]))
             return got
@@ -239,7 +243,8 @@ def test_daemon_serves_sse_events_carrying_tick_and_due_time(tmp_path, silent_wa
 
     async def main_():
         run = asyncio.ensure_future(daemon.run())
-        while daemon.bound_port is None:
+        # the port is bound before the model loads; /events is there once the source runs
+        while daemon.bound_port is None or not source.t0_ns:
             assert not run.done()
             await asyncio.sleep(0.01)
         events = []
