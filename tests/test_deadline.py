@@ -217,11 +217,13 @@ def _tick_of(grid: TickGrid, end_ns: int) -> int:
     return k
 
 
-@pytest.mark.parametrize("latency_ms", [500, 1000, 2000, 10_000])
-def test_the_pipeline_decides_each_word_at_its_deadline(latency_ms):
+@pytest.mark.parametrize("latency_ms,tag_ms", [(500, 5), (1000, 5), (2000, 5), (10_000, 5),
+                                               (1000, 100)])
+def test_the_pipeline_decides_each_word_at_its_deadline(latency_ms, tag_ms):
     """Every word is published at the tick that holds its end (none late), and it was decided
     with the right context that D allows: D - A less the next update (two update costs, or
-    the cadence and one cost), a margin and one tick."""
+    the cadence and one cost), a margin and one tick. A tag stage slower than 2 ticks
+    (degraded ticks: words go out untagged) changes none of that."""
     seconds = 4.0 + 2.5 * latency_ms / 1000
     rec_cost_ms = 150
 
@@ -232,7 +234,7 @@ def test_the_pipeline_decides_each_word_at_its_deadline(latency_ms):
                            {"n_words": int((seconds - 1) / 0.4)})
         host = RecogniserHost(spec, history.capacity, history=history)
         rec = InlineWorker("recognise", host, clock, lambda r: rec_cost_ms * MS)
-        tag = InlineWorker("tag", TagHost(None), clock, lambda r: 5 * MS)
+        tag = InlineWorker("tag", TagHost(None), clock, lambda r: tag_ms * MS)
         sink = ListSink()
         pipeline = Pipeline(
             clock=clock, settings=TickSettings(latency_ms=latency_ms, drain_timeout_s=60),
@@ -240,9 +242,10 @@ def test_the_pipeline_decides_each_word_at_its_deadline(latency_ms):
             recogniser=rec, tagger=tag, history=history, sinks=[sink])
         task = asyncio.ensure_future(pipeline.run())
         await clock.run_until_done(task, limit_ns=T0_NS + int((seconds + 60) * 1e9))
-        return sink, host.recognizer
+        return sink, host.recognizer, pipeline.counters
 
-    sink, recognizer = asyncio.run(main())
+    sink, recognizer, counters = asyncio.run(main())
+    assert (counters.degraded_ticks > 0) == (tag_ms > 2 * 34)
     grid = TickGrid.create("30", T0_NS, latency_ms, 150)
     shown = [(tw.word, s.k) for s in sink.states for tw in s.committed]
     assert [w.text for w, _ in shown] == [w.text for w in recognizer.words]
