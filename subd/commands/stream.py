@@ -121,14 +121,23 @@ def run(args: argparse.Namespace) -> int:
             raise UserError(f"--events {out}: directory {out.parent} does not exist")
     daemon = Daemon(cfg, source, sinks=sinks, events_path=args.events, serve=serve)
 
-    async def main() -> Counters:
+    async def main() -> int:
+        # SIGTERM/SIGINT drain the stream as under `subd run` (files finalised, workers and
+        # the shared audio history closed): the default action killed the process with its
+        # shared memory left behind and a worker traceback
+        from subd.commands.run import DRAIN_TIMEOUT_S, _serve
+        from subd.service.signals import SignalController
+
         try:
-            return await daemon.run()
+            return await _serve(daemon, SignalController(drain=daemon.drain,
+                                                         drain_timeout_s=DRAIN_TIMEOUT_S))
         finally:
             await cancel_all()  # the net under every owner's own shutdown
 
-    counters = asyncio.run(main())
+    code = asyncio.run(main())
+    first = next(iter(daemon.channels.values()), None)
+    counters = first.counters if first is not None and first.counters else Counters()
     summary = {k: v for k, v in counters.as_dict().items() if k != "stage_ms"}
     print(json.dumps(summary), file=sys.stderr)
-    return 0
+    return code
 
