@@ -1,10 +1,8 @@
 """Stage processes shared by channels, and kept alive.
 
-Every channel has its own recogniser state (its own stream, audio history and commit point),
-but they all live in ONE worker process that loads the model once: :class:`MultiplexHost`
-hosts one stage host per channel and routes each request by channel name; the engine is
-shared through :func:`shared_engine`. On the event-loop side :class:`SharedWorker` queues the
-channels' requests first-come first-served (the worker takes one request at a time).
+Every channel's stage host lives in ONE worker process per stage (subd.service.multiplex: the
+model is loaded once). :class:`SharedWorker` queues the channels' requests first-come
+first-served (the worker takes one request at a time).
 
 Supervision. A stage process may die (SIGKILL, OOM, a crash in native code) or hang (stopped,
 spinning). Death shows as its pipe closing; a hang as no answer within a bound taken from the
@@ -27,6 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from subd.service.multiplex import Attach, Detach, ForChannel
 from subd.tasks import start_task
 from subd.workers.process import WorkerDied
 from subd.workers.resume import Resume, resume_for
@@ -48,9 +47,8 @@ class StagePolicy:
     hang_factor: int = 5  # ... nor within this many times the slowest recent answer
     unmeasured_limit_ns: int = 120_000_000_000  # a kind of request not measured 3 times yet
     start_timeout_s: float = 300.0  # a respawn loads the model again
-    # a second process, loaded and idle, takes over at once when the stage dies or hangs (one
-    # more model in memory): recovery is an attach instead of a model load, which took 12-30 s
-    # on the loaded 2-core machine (importing torch alone 12 s)
+    # a loaded, idle second process takes over at once when the stage dies or hangs: an attach
+    # instead of a model load (12-30 s on the loaded 2-core machine), for one more model
     spare: bool = False
 
     def backoff_ns(self, n_consecutive: int) -> int:
@@ -61,83 +59,6 @@ class StagePolicy:
 
 class StageDown(RuntimeError):
     """The stage process is gone and being respawned."""
-
-
-@dataclass(frozen=True, slots=True)
-class Attach:
-    """Build ``host`` for ``channel`` in the worker (replacing an earlier one)."""
-
-    channel: str
-    host: Any  # subd.workers.hosts.FactorySpec
-
-
-@dataclass(frozen=True, slots=True)
-class Detach:
-    channel: str
-
-
-@dataclass(frozen=True, slots=True)
-class ForChannel:
-    channel: str
-    request: Any
-
-
-class MultiplexHost:
-    """A worker host serving several channels; ``preload`` (e.g. the model) is built first, so
-    the worker is ready only once the model is loaded."""
-
-    def __init__(self, preload: Any | None = None) -> None:
-        self.shared = preload.build() if preload is not None else None
-        self.hosts: dict[str, Any] = {}
-
-    def handle(self, request: Any) -> Any:
-        if isinstance(request, ForChannel):
-            host = self.hosts.get(request.channel)
-            if host is None:
-                raise KeyError(f"channel {request.channel!r} is not attached")
-            return host.handle(request.request)
-        if isinstance(request, Attach):
-            self._close(request.channel)
-            self.hosts[request.channel] = request.host.build()
-            return True
-        if isinstance(request, Detach):
-            self._close(request.channel)
-            return True
-        raise TypeError(f"unexpected request {type(request).__name__}")
-
-    def _close(self, channel: str) -> None:
-        host = self.hosts.pop(channel, None)
-        close = getattr(host, "close", None)
-        if close is not None:
-            close()
-
-    def close(self) -> None:
-        for channel in list(self.hosts):
-            self._close(channel)
-
-
-_ENGINES: dict[tuple[str, str, int], Any] = {}
-
-
-def shared_engine(model: str = "tiny.en", precision: str = "int8", threads: int = 0) -> Any:
-    """The Whisper engine of this process, loaded once per (model, precision, threads)."""
-    key = (model, precision, threads)
-    if key not in _ENGINES:
-        from subd.models.engine import WhisperEngine, live_threads
-
-        _ENGINES[key] = WhisperEngine.load(model, threads=threads or live_threads(),
-                                           quantize=precision == "int8")
-    return _ENGINES[key]
-
-
-def shared_streaming_recognizer(model: str = "tiny.en", **opts: Any) -> Any:
-    """A streaming recogniser (its own state) over this process's shared engine."""
-    from subd.recognise.streaming import StreamingRecognizer
-
-    engine = shared_engine(model, opts.get("precision", "int8"), opts.get("threads", 0))
-    return StreamingRecognizer(model, engine=engine, **opts)
-
-
 
 
 def describe(exc: BaseException) -> str:
@@ -171,6 +92,7 @@ class SharedWorker:
         self._consecutive = 0
         self._costs: dict[str, deque[int]] = {}
         self._respawner: asyncio.Task | None = None
+        self._closing = False
         self._spare: Any | None = None  # a loaded twin of the worker (policy.spare)
         self._spare_task: asyncio.Task | None = None
         if self.supervised:
@@ -219,7 +141,7 @@ class SharedWorker:
         self._down(f"{self.name} worker died ({self.worker.exit_text()})")
 
     def _down(self, reason: str) -> None:
-        if self.state == RESTARTING:
+        if self.state == RESTARTING or self._closing:
             return
         now_ns = time.monotonic_ns()
         self.state, self.last_error, self._down_since_ns = RESTARTING, reason, now_ns
@@ -340,6 +262,11 @@ class SharedWorker:
             log.debug("detaching %s: %s", channel, describe(exc))
 
     async def close(self, timeout_s: float = 1.0) -> None:
+        self._closing = True  # a death from here on is ours: no respawn
+        if self._lock.locked() and self.supervised:
+            # still answering (a drain cut short, a channel's last decode): nobody waits for
+            # the answer any more, and a full-window decode can take seconds on a busy CPU
+            self.worker.kill()
         for task in (self._respawner, self._spare_task):
             if task is not None:
                 task.cancel()
@@ -370,6 +297,8 @@ class ChannelWorker:
             try:
                 await self.shared._call(Attach(self.channel, self.resume.host(self.host)))
             except StageDown:
+                if self.shared._closing:
+                    raise
                 await self.shared.wait_up()
                 continue
             if self.shared.generation == generation:
@@ -386,6 +315,8 @@ class ChannelWorker:
                 try:
                     result = await self.shared._call(ForChannel(self.channel, sent), now_ns)
                 except StageDown:
+                    if self.shared._closing:
+                        raise  # shutting down: no respawn to wait for
                     await self.shared.wait_up()
                     continue
                 self.fresh = False

@@ -21,16 +21,15 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 from subd.clock import Clock, MonotonicClock
-from subd.service.stages import (  # noqa: F401 - worker targets name them here (FactorySpec)
+from subd.service.multiplex import (  # noqa: F401 - worker targets name them here (FactorySpec)
     Attach,
-    ChannelWorker,
     Detach,
     ForChannel,
     MultiplexHost,
-    SharedWorker,
     shared_engine,
     shared_streaming_recognizer,
 )
+from subd.service.stages import ChannelWorker, SharedWorker  # noqa: F401 - re-exported
 from subd.tasks import start_task
 
 log = logging.getLogger("subd.service.supervisor")

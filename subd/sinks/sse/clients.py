@@ -10,10 +10,15 @@ clients between.
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
+import time
 from typing import Any
 
 from subd.sinks.sse.link import WorkerLink
+from subd.tasks import start_task
+
+log = logging.getLogger("subd.sinks.sse.sink")
 
 
 class _Client:
@@ -76,6 +81,8 @@ class FanoutBalance:
     _prepared: Any  # the tick prepare() encoded, not published yet
     _handoffs: Any  # clients to hand over once it is published
     n_dropped: int
+    _heartbeat: asyncio.Task | None  # running while the sink is started
+    _link_deaths: list[float]  # monotonic s of recent worker deaths
 
     def _hand_off(self, client: _Client) -> None:
         """Give an up-to-date client to the worker that would write it soonest (by measured
@@ -152,8 +159,27 @@ class FanoutBalance:
         self._retire(client, dropped=dropped)
 
     def _link_failed(self, link: WorkerLink) -> None:
+        """A fan-out worker died: its clients were disconnected (they reconnect, with
+        Last-Event-ID, to this process meanwhile); a new worker replaces it, after a backoff
+        that doubles while workers keep dying (0.5 s .. 30 s), forever."""
         self._links = [lk for lk in self._links if lk is not link]
         self._failed.append(link)
         for client in [c for c in self._remote.values() if c.link is link]:
             client.link = None
             self._gone(client.id, dropped=False)
+        if self._heartbeat is None or self._heartbeat.done():
+            return  # closing, or never started
+        now = time.monotonic()
+        self._link_deaths = [t for t in self._link_deaths if now - t < 60]
+        self._link_deaths.append(now)
+        delay_s = min(0.5 * 2 ** (len(self._link_deaths) - 1), 30.0)
+        start_task(self._replace_link(delay_s), "sse-fanout-respawn")
+
+    async def _replace_link(self, delay_s: float) -> None:
+        await asyncio.sleep(delay_s)
+        if self._heartbeat is None or self._heartbeat.done():
+            return
+        link = self._new_link()
+        self._links.append(link)
+        if await link.wait_ready():
+            log.info("SSE fan-out worker %d replaces one that died", link.proc.pid)

@@ -157,28 +157,6 @@ class SSESink(FanoutBalance):
             await link.wait_ready()  # a failed one is logged and left out: this one serves
         self._heartbeat = start_task(self._heartbeats(), "sse-heartbeat")
 
-    def _link_failed(self, link: WorkerLink) -> None:
-        """A fan-out worker died: its clients were disconnected (they reconnect, with
-        Last-Event-ID, to this process meanwhile); a new worker replaces it, after a backoff
-        that doubles while workers keep dying (0.5 s .. 30 s), forever."""
-        super()._link_failed(link)
-        if self._heartbeat is None or self._heartbeat.done():
-            return  # closing, or never started
-        now = time.monotonic()
-        self._link_deaths = [t for t in self._link_deaths if now - t < 60]
-        self._link_deaths.append(now)
-        delay_s = min(0.5 * 2 ** (len(self._link_deaths) - 1), 30.0)
-        start_task(self._replace_link(delay_s), "sse-fanout-respawn")
-
-    async def _replace_link(self, delay_s: float) -> None:
-        await asyncio.sleep(delay_s)
-        if self._heartbeat is None or self._heartbeat.done():
-            return
-        link = self._new_link()
-        self._links.append(link)
-        if await link.wait_ready():
-            log.info("SSE fan-out worker %d replaces one that died", link.proc.pid)
-
     async def close(self) -> None:
         await cancel_and_wait(self._heartbeat)
         for link in [*self._links, *self._failed]:  # workers first: no write after the last chunk

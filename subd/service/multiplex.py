@@ -1,0 +1,88 @@
+"""One model for several channels: the worker-side host that serves every channel's stage
+host in one process, the messages that reach it, and the engine that process loads once.
+
+Every channel has its own recogniser state (its own stream, audio history and commit point),
+but they all live in ONE worker process that loads the model once: :class:`MultiplexHost`
+hosts one stage host per channel and routes each request by channel name; the engine is
+shared through :func:`shared_engine`. The event-loop side is :mod:`subd.service.stages`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True, slots=True)
+class Attach:
+    """Build ``host`` for ``channel`` in the worker (replacing an earlier one)."""
+
+    channel: str
+    host: Any  # subd.workers.hosts.FactorySpec
+
+
+@dataclass(frozen=True, slots=True)
+class Detach:
+    channel: str
+
+
+@dataclass(frozen=True, slots=True)
+class ForChannel:
+    channel: str
+    request: Any
+
+
+class MultiplexHost:
+    """A worker host serving several channels; ``preload`` (e.g. the model) is built first, so
+    the worker is ready only once the model is loaded."""
+
+    def __init__(self, preload: Any | None = None) -> None:
+        self.shared = preload.build() if preload is not None else None
+        self.hosts: dict[str, Any] = {}
+
+    def handle(self, request: Any) -> Any:
+        if isinstance(request, ForChannel):
+            host = self.hosts.get(request.channel)
+            if host is None:
+                raise KeyError(f"channel {request.channel!r} is not attached")
+            return host.handle(request.request)
+        if isinstance(request, Attach):
+            self._close(request.channel)
+            self.hosts[request.channel] = request.host.build()
+            return True
+        if isinstance(request, Detach):
+            self._close(request.channel)
+            return True
+        raise TypeError(f"unexpected request {type(request).__name__}")
+
+    def _close(self, channel: str) -> None:
+        host = self.hosts.pop(channel, None)
+        close = getattr(host, "close", None)
+        if close is not None:
+            close()
+
+    def close(self) -> None:
+        for channel in list(self.hosts):
+            self._close(channel)
+
+
+_ENGINES: dict[tuple[str, str, int], Any] = {}
+
+
+def shared_engine(model: str = "tiny.en", precision: str = "int8", threads: int = 0) -> Any:
+    """The Whisper engine of this process, loaded once per (model, precision, threads)."""
+    key = (model, precision, threads)
+    if key not in _ENGINES:
+        from subd.models.engine import WhisperEngine, live_threads
+
+        _ENGINES[key] = WhisperEngine.load(model, threads=threads or live_threads(),
+                                           quantize=precision == "int8")
+    return _ENGINES[key]
+
+
+def shared_streaming_recognizer(model: str = "tiny.en", **opts: Any) -> Any:
+    """A streaming recogniser (its own state) over this process's shared engine."""
+    from subd.recognise.streaming import StreamingRecognizer
+
+    engine = shared_engine(model, opts.get("precision", "int8"), opts.get("threads", 0))
+    return StreamingRecognizer(model, engine=engine, **opts)
