@@ -7,6 +7,7 @@ import json
 import re
 
 import numpy as np
+import pytest
 
 from subd.bench.quality_sets import SpeechSet, build_set, score_words
 from tests.test_bench_smoke import bench
@@ -48,12 +49,14 @@ def test_the_sets_are_disjoint_and_carry_the_books_punctuation(speech_clips):
     assert len(held.audio) > len(dev.audio) / 3
 
 
-def test_bench_quality_prints_offline_and_every_d_and_writes_the_plot(tmp_path, speech_clips):
+@pytest.mark.parametrize("pace", ["real", "cpu"])
+def test_bench_quality_prints_offline_and_every_d_and_writes_the_plot(tmp_path, speech_clips,
+                                                                      pace):
     plot, out_json = tmp_path / "q.png", tmp_path / "q.json"
     out = bench("quality", "--latencies", "1000,2000", "--sets", "heldout", "--max-clips", "1",
-                "--plot", str(plot), "--json", str(out_json), timeout_s=600)
+                "--plot", str(plot), "--json", str(out_json), "--pace", pace, timeout_s=600)
     rows = re.findall(r"^\s+(offline|\d+)\s+([\d.]+)\s+([\d.]+) ([\d.]+) ([\d.]+)\s+(\d+)\s+(\d+)"
-                      r"\s+([\d.]+|-)", out, re.M)
+                      r"\s+([\d.]+|-)", out.split("D (ms)")[-1], re.M)
     assert [r[0] for r in rows] == ["offline", "1000", "2000"]
     figures = json.loads(out_json.read_text())["heldout"]
     assert figures["2000"]["latency_s"]["p50"] >= 2.0  # never before D

@@ -244,7 +244,7 @@ def run(args: argparse.Namespace) -> int:
         res = {"offline": offline_run(sset, engine)}
         for d in latencies:
             res[f"{d}"] = stream_run(sset, d, args)
-            print(f"  D = {d} ms done", flush=True)
+            print(_row(f"{d}", res[f"{d}"]), flush=True)
         results[sset.name] = res
     print("\n  D (ms)    WER %   '.'  ','  '?'  drop stop  lat p50 p95  max (s)")
     for name, res in results.items():
