@@ -188,6 +188,13 @@ class StreamingRecognizer:
     def audio_end_ns(self) -> int:
         return samples_to_ns(self.audio.end_sample)
 
+    def start_at(self, sample: int) -> None:
+        """A recogniser respawned mid-stream (its process died) hears the stream from
+        ``sample`` on: the window never reaches back into audio it was not given."""
+        st = self.state
+        st.window_start = st.last_decode_end = st.settled_end = sample
+        st.committed_end_ns = samples_to_ns(sample)
+
     # -- recognition -----------------------------------------------------------------------
 
     def update(self, commit_until_ns: int | None = None) -> Hypothesis:

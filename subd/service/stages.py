@@ -93,6 +93,7 @@ class SharedWorker:
         self._costs: dict[str, deque[int]] = {}
         self._respawner: asyncio.Task | None = None
         self._closing = False
+        self._catchup_calls = 0  # calls after a respawn that are not measured (_answer)
         self._spare: Any | None = None  # a loaded twin of the worker (policy.spare)
         self._spare_task: asyncio.Task | None = None
         if self.supervised:
@@ -195,6 +196,7 @@ class SharedWorker:
             call = self.worker.call(Attach(cw.channel, cw.resume.host(cw.host)))
             await asyncio.wait_for(call, self.policy.unmeasured_limit_ns / 1e9)
             cw.attached_generation, cw.fresh = self.generation, True
+        self._catchup_calls = 2 * len(self._channels)  # each channel's retry and next call
 
     def _report(self, state: str, detail: str) -> None:
         if self._on_state is not None:
@@ -227,7 +229,12 @@ class SharedWorker:
         if not self.supervised:
             return await self.worker.call(request, now_ns)
         kind = type(getattr(request, "request", request)).__name__
-        limit_ns = self.hang_limit_ns(kind)
+        # the first answers of a respawned process catch up on the audio of the outage: they
+        # may take long, and their cost says nothing about a hang (measured: one bound grew
+        # to 160 s from such a catch-up, and a real hang then cost 2 min of audio)
+        catching_up = self._catchup_calls > 0
+        self._catchup_calls -= catching_up
+        limit_ns = self.policy.unmeasured_limit_ns if catching_up else self.hang_limit_ns(kind)
         t0_ns = time.monotonic_ns()
         try:
             result = await asyncio.wait_for(self.worker.call(request, now_ns), limit_ns / 1e9)
@@ -239,7 +246,8 @@ class SharedWorker:
         except WorkerDied as exc:
             self._down(str(exc))
             raise StageDown(str(exc)) from None
-        self._costs.setdefault(kind, deque(maxlen=64)).append(time.monotonic_ns() - t0_ns)
+        if not catching_up:
+            self._costs.setdefault(kind, deque(maxlen=64)).append(time.monotonic_ns() - t0_ns)
         return result
 
     async def attach(self, channel: str, host: Any) -> ChannelWorker:

@@ -81,18 +81,22 @@ class RecogniserHost:
     _deadline_aware: bool | None = None  # whether the recogniser takes deadlines (first call)
 
     def __init__(self, recognizer: FactorySpec, history_capacity: int,
-                 history_name: str | None = None, history: AudioHistory | None = None) -> None:
+                 history_name: str | None = None, history: AudioHistory | None = None,
+                 start_sample: int = 0) -> None:
         self.history = history if history is not None else AudioHistory(
             history_capacity, name=history_name)
         self.recognizer = recognizer.build()
-        self.accepted_sample = 0
+        self.accepted_sample = start_sample  # > 0: respawned mid-stream (subd.workers.resume)
         # the recogniser reads its window in place from the shared history through this view
         # (no copy of the audio of its own); one without read_from is fed copies by accept()
-        self.reader = HistoryReader(self.history)
+        self.reader = HistoryReader(self.history, start_sample)
         read_from = getattr(self.recognizer, "read_from", None)
         self.in_place = read_from is not None
         if read_from is not None:
             read_from(self.reader)
+        start_at = getattr(self.recognizer, "start_at", None)
+        if start_sample and start_at is not None:
+            start_at(start_sample)
 
     def _accept_until(self, end_sample: int) -> int:
         lost = 0
@@ -230,9 +234,9 @@ def resolve_tagger(spec: str) -> FactorySpec | None:
 class TagHost:
     _deadline_aware: bool | None = None  # whether the tagger takes deadlines (first call)
 
-    def __init__(self, tagger: FactorySpec | None = None) -> None:
+    def __init__(self, tagger: FactorySpec | None = None, first_final_idx: int = 0) -> None:
         self.tagger: StreamTagger = tagger.build() if tagger else PassThroughTagger()
-        self.n_final = 0
+        self.n_final = first_final_idx  # > 0: respawned mid-stream (subd.workers.resume)
 
     def _takes_deadline(self) -> bool:
         if self._deadline_aware is None:
