@@ -268,3 +268,16 @@ def test_marks_the_recogniser_wrote_with_right_context_are_kept_at_the_deadline(
     upd = stream.update(words[:6], words[6:], 4000 * MS, decide_until_ns=1800 * MS)
     assert [t.text + t.punct for t in upd.final] == ["And", "so,", "my", "fellow",
                                                       "Americans,", "ask"]
+
+
+def test_a_word_cut_at_its_deadline_is_completed_not_repeated(voiced):
+    """D short: "ill" (the start of "ill-disposed", heard out by its aligned end) is due and
+    committed; the next decode spells the whole word: only its rest is new."""
+    cut = [("an", 0.2, 0.4, 0.9), ("ill", 0.4, 0.6, 0.9)]
+    whole = [("an", 0.2, 0.4, 0.9), ("ill-disposed", 0.45, 1.0, 0.9), ("young", 1.0, 1.3, 0.9)]
+    rec = StreamingRecognizer(engine=_ScriptedEngine(cut, whole), confident_min_probability=1.0)
+    _feed(rec, voiced, 0.8)
+    assert [w.text for w in rec.update(commit_until_ns=700 * MS).committed] == ["an", "ill"]
+    _feed(rec, voiced, 1.5)
+    hyp = rec.update(commit_until_ns=1500 * MS)
+    assert [w.text for w in hyp.committed] == ["disposed", "young"]

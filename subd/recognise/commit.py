@@ -118,11 +118,19 @@ def after_commit_point(words: list[Word], committed: Sequence[Word], committed_e
     wholly inside committed audio is dropped, since a start 100 ms earlier than the
     committed end is timing noise, not a repeat (dropping it loses the word).
     """
+    rest = None
+    first = next((i for i, w in enumerate(words) if w.end_ns > committed_end_ns), None)
+    if committed and first is not None:
+        rest = _rest_of_cut_word(words[first], committed[-1])
+        if rest is words[first]:
+            rest = None
+        else:
+            words = [*words[:first], rest, *words[first + 1:]]
     if forced:
         out = [w for w in words if w.end_ns > committed_end_ns]
     else:
         cut = committed_end_ns - 100 * NS_PER_MS
-        out = [w for w in words if w.start_ns >= cut]
+        out = [w for w in words if w.start_ns >= cut or w is rest]
     if not committed or not out or out[0].start_ns > committed_end_ns + 1_000 * NS_PER_MS:
         return out
     tail = [norm_word(w.text) for w in committed[-5:]]
@@ -130,3 +138,19 @@ def after_commit_point(words: list[Word], committed: Sequence[Word], committed_e
         if [norm_word(w.text) for w in out[:n]] == tail[-n:]:
             return out[n:]
     return out
+
+
+def _rest_of_cut_word(word: Word, last: Word) -> Word:
+    """A word committed at its deadline may have been a cut-off start of a longer one ("ill"
+    of "ill-disposed"): when the next decode spells the whole word right after it, only the
+    rest is new ("disposed"), not the word again ("ill ill-disposed")."""
+    head, text = norm_word(last.text), word.text.strip()
+    if not head or word.start_ns > last.end_ns + 200 * NS_PER_MS:
+        return word
+    letters = [i for i, ch in enumerate(text) if ch.isalnum() or ch == "'"]
+    if len(letters) <= len(head) or norm_word(text[:letters[len(head) - 1] + 1]) != head:
+        return word
+    rest = text[letters[len(head) - 1] + 1:].lstrip("-")
+    if not rest or not norm_word(rest) or text[letters[len(head) - 1] + 1] not in "-":
+        return word  # "Fives" after "Five" is another word, not the rest of it
+    return Word(rest, word.start_ns, word.end_ns, word.probability)
