@@ -207,7 +207,7 @@ def test_cues_are_appended_and_memory_holds_only_the_unwritten(tmp_path: Path) -
     sink.on_durable = lambda n: sizes.append((tmp_path / "live.srt").read_bytes())
     run_sinks(sink, speed=10)
     assert len(sizes) == len(reference_cues())
-    for before, after in zip(sizes, sizes[1:]):
+    for before, after in zip(sizes, sizes[1:], strict=False):
         assert after.startswith(before) and len(after) > len(before)
     assert len(sink._pending) == 0 and sink.n_lost == 0
 
