@@ -14,7 +14,10 @@ import itertools
 import logging
 import os
 import time
+from fractions import Fraction
 from typing import Protocol, runtime_checkable
+
+from subd.errors import ConfigError
 
 log = logging.getLogger("subd.clock")
 
@@ -147,3 +150,23 @@ class FakeClock:
             if limit_ns is not None and target > limit_ns:
                 raise TimeoutError(f"fake clock passed {limit_ns} ns before the task finished")
             await self.advance_to(target)
+
+
+def parse_fps(value: str | int | float | Fraction) -> Fraction:
+    """Parse "30", "25", "30000/1001" (or an int/Fraction) into an exact positive Fraction."""
+    try:
+        if isinstance(value, Fraction):
+            fps = value
+        elif isinstance(value, int):
+            fps = Fraction(value)
+        elif isinstance(value, float):
+            fps = Fraction(str(value))
+        else:
+            fps = Fraction(str(value).strip())
+    except (ValueError, ZeroDivisionError):
+        raise ConfigError(
+            f"fps: {value!r} is not a frame rate (use e.g. 30, 25 or 30000/1001)"
+        ) from None
+    if not (1 <= fps <= 1000):
+        raise ConfigError(f"fps: {value!r} is out of range (1..1000 frames per second)")
+    return fps

@@ -299,9 +299,7 @@ def config_from_dict(data: dict[str, Any], path: str = "") -> Config:
     data = {**data, "sinks": sinks_table}
     for name in _CORE[:-1]:
         core[name] = build_section(name, _SECTIONS[name], data.get(name, {}))
-    from subd.pipeline.ticks import (
-        parse_fps,  # fps is a string: check it here, not at the first tick
-    )
+    from subd.clock import parse_fps  # fps is a string: check it here, not at the first tick
 
     try:
         parse_fps(core["tick"].fps)

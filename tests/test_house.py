@@ -120,6 +120,28 @@ def test_the_import_graph_has_no_cycles():
     assert cycles == []
 
 
+def room_of(name: str) -> str:
+    """The folder a module lives in (``subd.sinks.sse.sink`` -> ``subd.sinks``), or "top"."""
+    parts = name.split(".")
+    return ".".join(parts[:2]) if len(parts) > 2 or name in PACKAGES.values() else "top"
+
+
+def test_folders_import_one_way():
+    """No circle between folders either (pipeline -> layout -> pipeline was one), and the
+    top-level modules of subd/ import no folder: they are the floor."""
+    modules = package_modules()
+    rooms: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        here = room_of(name)
+        for target in imported_modules(name, path, modules):
+            there = room_of(target)
+            if there != here:
+                rooms.setdefault(here, set()).add(there)
+                rooms.setdefault(there, set())
+    assert rooms.get("top", set()) == set()
+    assert import_cycles(rooms) == []
+
+
 def test_type_checking_imports_count(tmp_path):
     module = tmp_path / "x.py"
     module.write_text(textwrap.dedent("""

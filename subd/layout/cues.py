@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
 
+from subd.clock import parse_fps as parse_tick_fps
 from subd.errors import ConfigError
 from subd.layout.cjk import line_columns, max_cps, reading_chars
 from subd.layout.rules import (
@@ -30,7 +31,6 @@ from subd.layout.rules import (
     split_long,
     wrap,
 )
-from subd.pipeline import ticks
 from subd.script import fullwidth_marks, has_cjk, joiner
 from subd.types import CaptionState, Cue, TaggedWord
 from subd.validate import check_choice, check_range, from_mapping
@@ -41,7 +41,7 @@ NS_PER_MS = 1_000_000
 
 def parse_fps(section: str, text: str) -> Fraction:
     try:
-        fps = ticks.parse_fps(text)
+        fps = parse_tick_fps(text)
     except ConfigError:
         msg = f"[{section}] fps = {text!r}: expected e.g. '25', '30', '30000/1001'"
         raise ConfigError(msg) from None

@@ -1,6 +1,8 @@
-"""The tick core: ticks on exact rational time, the slot ring, the deadline-driven scheduler,
-ingest into the shared audio history, the word stream, tick statistics and paced garbage
-collection.
+"""The tick core: ticks on exact rational time, the slot ring, the deadline-driven scheduler
+and its publisher, ingest into the shared audio history, the word stream, tick statistics and
+paced garbage collection.
 
-May import: ``subd.layout``, ``subd.workers`` (what stages exchange) and the top-level modules.
+May import: ``subd.layout`` (cues, laid out once per tick), ``subd.workers`` (what stages
+exchange), ``subd.sources`` (the drift estimate of live sample clocks), ``subd.sinks`` (the
+events log) and the top-level modules.
 """

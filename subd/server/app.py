@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
+from subd.server.ops import health_handler, metrics_handler
 from subd.server.overlay import handle_overlay
 
 if TYPE_CHECKING:
@@ -84,8 +85,6 @@ async def _push(request: web.Request) -> web.StreamResponse:
 
 
 async def _channel_health(request: web.Request) -> web.Response:
-    from subd.service.health import health_handler
-
     daemon = request.app[DAEMON_KEY]
     name = request.match_info["channel"]
     return await health_handler(daemon.health, name)(request)
@@ -97,8 +96,6 @@ async def serve_daemon(daemon: Any, stack: Any) -> None:
     from subd.server.overlay import handle_overlay
     from subd.server.safety import HttpLimits, is_loopback, push_endpoint
     from subd.server.safety import make_app as safe_app
-    from subd.service.health import health_handler
-    from subd.service.metrics import metrics_handler
 
     limits = HttpLimits()
     rejected = daemon.metrics.http_rejected

@@ -19,12 +19,11 @@ captions, its source being down included.
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from aiohttp import web
+from subd.server.ops import health_handler  # noqa: F401 - re-exported (callers, tests)
 
 NS_PER_MS = 1_000_000
 
@@ -251,28 +250,3 @@ class HealthMonitor:
             status = "ok"
         return HealthReport(status, self._model_loaded, channels, tuple(problems),
                             self.stages())
-
-
-def _json_response(body: dict, status: int) -> web.Response:
-    return web.Response(
-        text=json.dumps(body, separators=(",", ":")),
-        status=status,
-        content_type="application/json",
-        headers={"Cache-Control": "no-store"},
-    )
-
-
-def health_handler(monitor: HealthMonitor, channel: str | None = None):
-    """aiohttp handler for ``/healthz`` (whole daemon) or ``/c/NAME/healthz`` (one channel)."""
-
-    async def handle_health(request: web.Request) -> web.Response:
-        if channel is None:
-            report = monitor.report()
-            return _json_response(report.to_json(), report.http_status)
-        ch = monitor.channel(channel)
-        if ch is None:
-            return _json_response({"status": "fail", "problems": ["unknown channel"]}, 404)
-        body = {"status": "ok" if ch.serving else "fail", "channel": channel} | ch.to_json()
-        return _json_response(body, 200 if ch.serving else 503)
-
-    return handle_health

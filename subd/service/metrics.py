@@ -11,9 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
-from aiohttp import web
 from prometheus_client import (
-    CONTENT_TYPE_LATEST,
     CollectorRegistry,
     Counter,
     Gauge,
@@ -21,6 +19,7 @@ from prometheus_client import (
     generate_latest,
 )
 
+from subd.server.ops import metrics_handler  # noqa: F401 - re-exported (callers, tests)
 from subd.types import NS_PER_SAMPLE
 
 # Publish-time error |sent − due|: the promise is ≤ 1 ms at p99, so resolve well below that.
@@ -338,14 +337,3 @@ class OpsObserver:
             )
         if self.inner is not None:
             self.inner.on_hypothesis(result, now_ns)
-
-
-def metrics_handler(metrics: Metrics):
-    """An aiohttp handler serving ``metrics`` in the Prometheus text format."""
-
-    async def handle_metrics(request: web.Request) -> web.Response:
-        # Rendering is pure Python; a few hundred series take well under a millisecond.
-        body = metrics.render()
-        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
-
-    return handle_metrics
