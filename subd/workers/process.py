@@ -66,7 +66,12 @@ class WorkerDied(WorkerError):
 
 def _worker_main(conn: Connection, host_spec: FactorySpec, nice: int) -> None:
     """Entry point of a worker process."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the daemon decides when workers stop
+    # The daemon decides when workers stop (it closes their pipe). A signal sent to the whole
+    # process group (Ctrl-C, `timeout`, `kill -- -PGID`) must not kill them under a draining
+    # daemon, which would respawn them only to shut down: `subd run` under `timeout` logged two
+    # stage failures and respawns during its drain.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     from subd.clock import drop_realtime_priority
 
     drop_realtime_priority()

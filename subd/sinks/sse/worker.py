@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import os
 import selectors
+import signal
 import socket
 import struct
 import sys
@@ -372,6 +373,10 @@ def main(argv: list[str]) -> int:
         os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
     except (AttributeError, OSError):
         pass
+    # It ends when the sink closes its control socket; a signal to the whole process group
+    # (Ctrl-C, `timeout`) must not take its clients down under a draining daemon.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     fd, limit, drop_ms, heartbeat_ms = (int(a) for a in argv)
     ctl = socket.socket(fileno=fd)
     ctl.setblocking(False)
