@@ -35,7 +35,15 @@ pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="chromium is not instal
 async def scripted_feeder() -> AsyncIterator[str]:
     sink = serve_if_configured(SSESink(SSEConfig(host="127.0.0.1", port=0, latency_ms=0)))
     await sink.start()
-    task = asyncio.create_task(feed([sink], script_states(script_words())), name="feeder")
+
+    async def feed_once_watched() -> None:
+        # the page's EventSource connects first: under load Chromium can take seconds to start,
+        # and a script fed before anyone watched would test the race, not the overlay
+        while sink.n_clients == 0:
+            await asyncio.sleep(0.05)
+        await feed([sink], script_states(script_words()))
+
+    task = asyncio.create_task(feed_once_watched(), name="feeder")
     try:
         yield f"http://127.0.0.1:{sink.port}"
     finally:
