@@ -262,10 +262,7 @@ class ProcessWorker:
             proc = self._proc
             loop = asyncio.get_running_loop()
             await loop.run_in_executor(None, proc.join, timeout_s)
-            if proc.is_alive():
-                proc.terminate()
-                await loop.run_in_executor(None, proc.join, 2.0)
-            if proc.is_alive():  # stopped (SIGSTOP) or deaf to SIGTERM
+            if proc.is_alive():  # hung or stopped (SIGSTOP); workers ignore SIGTERM by design
                 self.kill()
                 await loop.run_in_executor(None, proc.join, 2.0)
             self._proc = None
