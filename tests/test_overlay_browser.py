@@ -32,7 +32,10 @@ pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="chromium is not instal
 
 
 @asynccontextmanager
-async def scripted_feeder() -> AsyncIterator[str]:
+async def scripted_feeder(states=None) -> AsyncIterator[str]:
+    """Serve /events and /overlay, and play ``states`` (default: the English script) once a
+    client watches."""
+    states = states if states is not None else script_states(script_words())
     sink = serve_if_configured(SSESink(SSEConfig(host="127.0.0.1", port=0, latency_ms=0)))
     await sink.start()
 
@@ -41,7 +44,7 @@ async def scripted_feeder() -> AsyncIterator[str]:
         # and a script fed before anyone watched would test the race, not the overlay
         while sink.n_clients == 0:
             await asyncio.sleep(0.05)
-        await feed([sink], script_states(script_words()))
+        await feed([sink], states)
 
     task = asyncio.create_task(feed_once_watched(), name="feeder")
     try:

@@ -7,39 +7,23 @@ from __future__ import annotations
 
 import asyncio
 import base64
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from fractions import Fraction
 
 import pytest
 from test_cjk_layout import TEXT, tagged, words
-from test_overlay_browser import ARTIFACTS, CHROMIUM, chromium
+from test_overlay_browser import ARTIFACTS, CHROMIUM, chromium, scripted_feeder
 
 from subd.layout.cjk import line_faults
-from subd.server.standalone import serve_if_configured
-from subd.sinks.sse.sink import SSEConfig, SSESink
-from subd.testing.sinks import feed, script_states
+from subd.testing.sinks import script_states
 
 pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed")
 SPOKEN = TEXT + "欢迎使用 Debian 系统,谢谢。"
 
 
-@asynccontextmanager
-async def chinese_feeder() -> AsyncIterator[str]:
-    sink = serve_if_configured(SSESink(SSEConfig(host="127.0.0.1", port=0, latency_ms=0)))
-    await sink.start()
+def chinese_feeder():
     states = script_states(tagged(words(SPOKEN, chars_per_s=8.0)), commit_lag_ms=300,
                            audio_per_tick=Fraction(2), tail_ms=30_000)
-    task = asyncio.create_task(feed([sink], states), name="feeder")
-    try:
-        yield f"http://127.0.0.1:{sink.port}"
-    finally:
-        task.cancel()
-        try:
-            await task
-        except asyncio.CancelledError:
-            pass
-        await sink.close()
+    return scripted_feeder(states)
 
 
 async def lines_when(cdp, wanted: str, timeout_s: float = 40) -> list[str]:
