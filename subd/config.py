@@ -95,6 +95,10 @@ class RecognizerConfig:
     # encoder input: the window's audio + this padding (0: Whisper's full 30 s; see
     # subd.recognise.streaming.StreamingConfig.encoder_pad_ms)
     encoder_pad_ms: int = field(default=2000, metadata=rng(0, 30_000))
+    # per update, the cut span above or Whisper's full 30 s input: "auto" (full while it
+    # leaves the due words 0.75 s of right context at this D: subd.pipeline.deadline), "cut",
+    # "full"
+    encoder_span: str = field(default="auto", metadata=choice("auto", "cut", "full"))
     history_s: int = field(default=40, metadata=rng(31, 600))  # > Whisper's 30 s window
     start_timeout_s: int = field(default=300, metadata=rng(1, 3600))
     # where the recogniser runs: "auto" (the first GPU if torch sees one, else the CPU),

@@ -192,11 +192,13 @@ class DeadlineRecognizer:
         self.audio_end_ns = 0
         self.n = 0
         self.context_ns: list[int] = []
+        self.spans: list[bool] = []  # per update: on Whisper's full input
 
     def accept(self, chunk: AudioChunk) -> None:
         self.audio_end_ns = (chunk.start_sample + chunk.n_samples) * 1_000_000_000 // 16000
 
-    def update(self, commit_until_ns: int | None = None) -> Hypothesis:
+    def update(self, commit_until_ns: int | None = None, full_span: bool = False) -> Hypothesis:
+        self.spans.append(full_span)
         heard = [w for w in self.words[self.n:] if w.end_ns <= self.audio_end_ns]
         due = [w for w in heard if commit_until_ns is not None and w.end_ns <= commit_until_ns]
         self.n += len(due)
@@ -253,6 +255,58 @@ def test_the_pipeline_decides_each_word_at_its_deadline(latency_ms, tag_ms):
     allowed_ms = latency_ms - 150 - max(2 * rec_cost_ms, 200 + rec_cost_ms) - 30 - 34
     assert len(recognizer.context_ns) >= 5  # decided by updates, not at the end of the stream
     assert min(recognizer.context_ns) >= allowed_ms * MS
+
+
+@pytest.mark.parametrize("latency_ms,full_ms,want_full", [
+    (2000, 400, True),  # ~1 s of right context left on the full input: full
+    (1000, 400, False),  # the full input would leave 0.1 s: the cut span's 0.5 s is better
+    (1000, 60, True),  # a fast device: the full input costs the words nothing much
+    (500, 400, False),
+])
+def test_the_encoder_span_follows_the_right_context_the_deadline_leaves(
+        latency_ms, full_ms, want_full):
+    """[recognizer] encoder_span = "auto": an update runs over Whisper's whole input when the
+    due words still get 0.75 s of right context (or nearly what the cut span would give them),
+    and every word is still published at its tick."""
+    seconds = 8.0
+    cost_ms = {True: full_ms, False: 120}
+
+    async def main():
+        clock = FakeClock(start_ns=T0_NS)
+        history = AudioHistory(SAMPLE_RATE_HZ * 40)
+        spec = FactorySpec("tests.test_deadline:DeadlineRecognizer", {"n_words": 15})
+        host = RecogniserHost(spec, history.capacity, history=history)
+        rec = InlineWorker("recognise", host, clock,
+                           lambda r: cost_ms[getattr(r, "full_span", False)] * MS)
+        tag = InlineWorker("tag", TagHost(None), clock, lambda r: 5 * MS)
+        sink = ListSink()
+        pipeline = Pipeline(
+            clock=clock, settings=TickSettings(latency_ms=latency_ms, drain_timeout_s=60),
+            source=FileSource(np.zeros(int(seconds * SAMPLE_RATE_HZ), np.float32)),
+            recogniser=rec, tagger=tag, history=history, sinks=[sink])
+        task = asyncio.ensure_future(pipeline.run())
+        await clock.run_until_done(task, limit_ns=T0_NS + int((seconds + 60) * 1e9))
+        return sink, host.recognizer
+
+    sink, recognizer = asyncio.run(main())
+    steady = recognizer.spans[3:]  # after the first costs are measured
+    assert steady and all(s == want_full for s in steady)
+    grid = TickGrid.create("30", T0_NS, latency_ms, 150)
+    shown = [(tw.word, s.k) for s in sink.states for tw in s.committed]
+    assert [w.text for w, _ in shown] == [w.text for w in recognizer.words]
+    assert [k for _, k in shown] == [_tick_of(grid, w.end_ns) for w, _ in shown]
+
+
+@pytest.mark.parametrize("span", ["cut", "full"])
+def test_a_fixed_encoder_span_is_kept(span):
+    from subd.pipeline.deadline import UpdatePlanner
+
+    planner = UpdatePlanner(span)
+    grid = TickGrid.create("30", T0_NS, 2000, 150)
+    plans = [planner.plan(grid, T0_NS + i * 200 * MS) for i in range(5)]
+    assert all(p.full_span == (span == "full") for p in plans)
+    with pytest.raises(ValueError, match="encoder span"):
+        UpdatePlanner("half")
 
 
 def test_marks_the_recogniser_wrote_with_right_context_are_kept_at_the_deadline():

@@ -120,7 +120,7 @@ class Channels:
 def simulate(label: str, host, spec: tuple, library: np.ndarray, n: int, setup: Setup,
              batched: bool) -> Trial:
     from subd.bench.gpu_sim import UtilSampler
-    from subd.pipeline.scheduler import FIRST_UPDATE_COST_NS, UPDATE_MARGIN_NS
+    from subd.pipeline.deadline import FIRST_COST_NS, UPDATE_MARGIN_NS
     from subd.service.batching import ForChannels
     from subd.service.supervisor import ForChannel
     from subd.workers.hosts import UpdateRequest
@@ -129,7 +129,7 @@ def simulate(label: str, host, spec: tuple, library: np.ndarray, n: int, setup: 
     trial = Trial(label, n, setup.latency_ms)
     d_ns, a_ns = setup.latency_ms * NS_PER_MS, setup.lookahead_ms * NS_PER_MS
     min_new = setup.min_update_ms * SAMPLE_RATE_HZ // 1000
-    costs = [[FIRST_UPDATE_COST_NS] for _ in range(n)]
+    costs = [[FIRST_COST_NS[False]] for _ in range(n)]  # the cut span (the capacity mode)
     shown = np.zeros(n, dtype=bool)
     t0 = time.monotonic_ns() + 50 * NS_PER_MS
     start = t0 + (np.arange(n) * setup.ramp_s * NS_PER_S / max(n, 1)).astype(np.int64)
@@ -144,7 +144,7 @@ def simulate(label: str, host, spec: tuple, library: np.ndarray, n: int, setup: 
             requests = []
             for i in ready:
                 ch.feed(int(i), int(heard[i]))
-                # subd.pipeline.scheduler._commit_until_ns: the words of every tick fetched
+                # subd.pipeline.deadline.UpdatePlanner.plan: the words of every tick fetched
                 # before the next result can be in are decided now
                 cost = max(costs[i][-8:])
                 gap = setup.min_update_ms * NS_PER_MS

@@ -48,6 +48,7 @@ class TickSettings:
     lookahead_ms: int = 150
     rate: Fraction = Fraction(1)  # audio seconds per wall second (file --speed)
     min_update_ms: int = 200
+    encoder_span: str = "auto"  # [recognizer] encoder_span (subd.pipeline.deadline)
     miss_tolerance_ms: float = 0.0  # 0: half a tick period
     drain_timeout_s: float = 30.0
     max_latency_ms: int = 0  # the slot ring is sized for this D (reloads up to it); 0: latency

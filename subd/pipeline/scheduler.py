@@ -17,7 +17,6 @@ Four tasks share the event loop and never wait on each other:
 from __future__ import annotations
 
 import asyncio
-import collections
 import logging
 from dataclasses import replace
 from fractions import Fraction
@@ -33,6 +32,7 @@ from subd.pipeline.contracts import (  # noqa: F401 - named here by the service 
     TickSettings,
     Worker,
 )
+from subd.pipeline.deadline import UpdatePlanner
 from subd.pipeline.gcpace import PACER
 from subd.pipeline.ingest import Ingest
 from subd.pipeline.publish import TickPublisher
@@ -55,15 +55,6 @@ log = logging.getLogger("subd.pipeline.scheduler")
 
 REBASE_EVERY_TICKS = 150  # live sources: refit the sample clock every ~5 s of ticks
 MAX_SLEW_NS = 500_000  # at most 0.5 ms of offset correction per refit
-# Recogniser deadlines: an update is expected to cost the 70th percentile of the last 10 round
-# trips (the first one's is assumed), plus a margin for the event loop to integrate the result.
-# The slowest of the 10 gave words 0.3 s less right context at D = 1 s (every word heard out
-# committed at once); p70 still had every word in by its fetch (subd bench quality --pace cpu,
-# LibriVox dev set), and a word whose next update runs long is late by that excess only.
-UPDATE_COSTS_KEPT = 10
-UPDATE_COST_QUANTILE = 0.7
-FIRST_UPDATE_COST_NS = 400_000_000
-UPDATE_MARGIN_NS = 30_000_000
 
 
 class Pipeline(TickPublisher):
@@ -102,7 +93,8 @@ class Pipeline(TickPublisher):
         self._consumed_event = asyncio.Event()
         self._tag_event = asyncio.Event()
         self._tag_pending: tuple[int, bool] | None = None
-        self._update_costs: collections.deque[int] = collections.deque(maxlen=UPDATE_COSTS_KEPT)
+        # each update's deadline and encoder span (subd.pipeline.deadline)
+        self.planner = UpdatePlanner(settings.encoder_span, settings.min_update_ms)
         self._prev: CaptionState | None = None
         self.last_published_k = -1
 
@@ -233,32 +225,18 @@ class Pipeline(TickPublisher):
                 await self._audio_event.wait()
             final = self._source_done
             end = self.ingest.ingested
-            request = FinishRequest(end) if final else UpdateRequest(end, self._commit_until_ns())
             sent_ns = self.clock.now_ns()
+            plan = None if final else self.planner.plan(self.grid, sent_ns)
+            request = FinishRequest(end) if plan is None else UpdateRequest(
+                end, plan.commit_until_ns, full_span=plan.full_span)
             result = await self.recogniser.call(request, sent_ns)
-            self._update_costs.append(self.clock.now_ns() - sent_ns)
+            if plan is not None:
+                self.planner.record(plan, self.clock.now_ns() - sent_ns)
             sent = end
             self._integrate(result)
             if final:
                 self._rec_finished = True
                 return
-
-    def _commit_until_ns(self) -> int:
-        """The deadline of the update sent now (DESIGN, "The promise" 5): the words of every
-        tick whose look-ahead fetch T(k) − A comes before the *next* update's result can be in
-        must be decided from this one; later words wait for a hypothesis with more right
-        context. The next result is in one update cost after this one's, or after the audio
-        for the next update has arrived; the cost is a high percentile of the last round
-        trips (they include queueing behind other channels)."""
-        grid = self.grid
-        cost = FIRST_UPDATE_COST_NS
-        if self._update_costs:
-            costs = sorted(self._update_costs)
-            cost = costs[min(len(costs) - 1, int(UPDATE_COST_QUANTILE * len(costs)))]
-        gap = int(self.settings.min_update_ms * NS_PER_MS / grid.rate)
-        next_in = self.clock.now_ns() + max(cost, gap) + cost + UPDATE_MARGIN_NS
-        k = grid.first_due_at_or_after(next_in + grid.lookahead_ns)  # first fetch after it
-        return grid.audio_end_ns(k - 1) if k > 0 else 0
 
     def _integrate(self, result: RecogniseResult) -> None:
         hyp = result.hypothesis

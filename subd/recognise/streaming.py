@@ -201,11 +201,13 @@ class StreamingRecognizer:
 
     # -- recognition -----------------------------------------------------------------------
 
-    def update(self, commit_until_ns: int | None = None) -> Hypothesis:
+    def update(self, commit_until_ns: int | None = None, full_span: bool = False) -> Hypothesis:
         """Decode the current window if enough new audio arrived; commit what is settled.
 
         ``commit_until_ns`` (deadline mode, subd.recognise.commit): every word ending by then
-        must be committed by this update, since no later result is in before its deadline."""
+        must be committed by this update, since no later result is in before its deadline.
+        ``full_span``: the encoder runs over Whisper's whole input, as offline, not over the
+        window plus ``encoder_pad_ms`` (the pipeline chooses: subd.pipeline.deadline)."""
         c, st = self.config, self.state
         end = self.audio.end_sample
         if end - st.last_decode_end < c.min_update_ms * SAMPLE_RATE_HZ // 1000:
@@ -219,7 +221,7 @@ class StreamingRecognizer:
             return self._on_silence(end)
         if self.languages.resolve(window, self.vad) is None:
             return self._hypothesis([])  # "auto": more speech before the language is named
-        words = self._decode(window)
+        words = self._decode(window, FULL_SPAN if full_span else None)
         newly = self._commit(words, end, commit_until_ns)
         newly += self._trim(end, pause_commit=commit_until_ns is None
                             or self.config.deadline_pause_commit)

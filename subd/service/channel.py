@@ -201,6 +201,7 @@ class DaemonChannel(ChannelReload):
                 fps=tick.fps, latency_ms=tick.latency_ms, lookahead_ms=tick.lookahead_ms,
                 rate=speed if isinstance(speed, Fraction) else Fraction(1),
                 min_update_ms=cfg.recognizer.min_update_ms,
+                encoder_span=cfg.recognizer.encoder_span,
                 miss_tolerance_ms=tick.miss_tolerance_ms,
                 drain_timeout_s=cfg.pipeline.drain_timeout_s,
                 max_latency_ms=tick.max_latency_ms,

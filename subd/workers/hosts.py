@@ -62,6 +62,9 @@ class UpdateRequest:
     # look-ahead fetch of its tick comes before the next update's result can be in). None:
     # the recogniser commits by its own policy alone.
     commit_until_ns: int | None = None
+    # the encoder runs over Whisper's whole 30 s input, not the recogniser's cut span
+    # (subd.pipeline.deadline); False: the recogniser's own setting
+    full_span: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,6 +82,7 @@ class RecogniseResult:
 
 class RecogniserHost:
     _deadline_aware: bool | None = None  # whether the recogniser takes deadlines (first call)
+    _span_aware: bool | None = None  # ... and the encoder span
 
     def __init__(self, recognizer: FactorySpec, history_capacity: int,
                  history_name: str | None = None, history: AudioHistory | None = None,
@@ -121,7 +125,8 @@ class RecogniserHost:
         if isinstance(request, FinishRequest):
             hyp = self.recognizer.finish()
         elif request.commit_until_ns is not None and self._takes_deadline():
-            hyp = self.recognizer.update(commit_until_ns=request.commit_until_ns)
+            span = {"full_span": True} if request.full_span and self._takes_span() else {}
+            hyp = self.recognizer.update(commit_until_ns=request.commit_until_ns, **span)
         else:
             hyp = self.recognizer.update()
         return RecogniseResult(hyp, self.accepted_sample, time.monotonic_ns() - t_ns, lost)
@@ -132,6 +137,11 @@ class RecogniserHost:
         if self._deadline_aware is None:
             self._deadline_aware = accepts(self.recognizer.update, "commit_until_ns")
         return self._deadline_aware
+
+    def _takes_span(self) -> bool:
+        if self._span_aware is None:
+            self._span_aware = accepts(self.recognizer.update, "full_span")
+        return self._span_aware
 
     def close(self) -> None:
         self.history.close()

@@ -1,0 +1,106 @@
+"""When the recogniser must decide, and over how much of Whisper's input it encodes.
+
+Each recogniser update is sent with a deadline (``UpdateRequest.commit_until_ns``; DESIGN, "The
+promise" 5): the words of every tick whose look-ahead fetch ``T(k) − A`` comes before the *next*
+update's result can be in are decided by this one; later words wait for a hypothesis with more
+right context. An update's cost is a high quantile of the last round trips of its kind (they
+include queueing behind other channels).
+
+The encoder span is chosen here too, per update (``[recognizer] encoder_span``):
+
+* ``"cut"``: the recogniser's own span (the window plus ``encoder_pad_ms``, rounded up): cheap,
+  but Whisper never saw a cut input in training and misreads more words (LibriVox "ill-disposed"
+  read "old-sposed", a stream's first word left out).
+* ``"full"``: Whisper's whole 30 s input, as offline transcription: the offline engine's
+  reading, at two to three times the cost on a CPU (fewer, fuller updates).
+* ``"auto"`` (default): full whenever that still leaves the due words ``FULL_SPAN_CONTEXT_NS``
+  of right context, or nearly as much as the cut span would (on a fast device the full input
+  costs little more); otherwise the cut span. A word decided with ~1 s of right context on the
+  full input reads like offline: ``subd bench quality --pace cpu`` (tiny.en int8, one core),
+  D = 2 s: WER dev 6.1 % / held-out 5.4 % full, offline 6.1 / 5.4, cut 7.8 / 8.6; at D = 1 s the
+  full input (0.4 s an update) leaves ~0.1 s of right context and the cut span is chosen.
+
+Both kinds are measured on the channel's first two updates, and the one not in use is measured
+again every ``PROBE_EVERY`` updates (load and devices change); until measured, a kind is assumed
+to cost ``FIRST_COST_NS``.
+"""
+
+from __future__ import annotations
+
+import collections
+from dataclasses import dataclass
+
+from subd.pipeline.ticks import NS_PER_MS, TickGrid
+
+# An update is expected to cost the 70th percentile of the last 10 round trips of its kind,
+# plus a margin for the event loop to integrate the result. The slowest of the 10 gave words
+# 0.3 s less right context at D = 1 s (every word heard out committed at once); p70 still had
+# every word in by its fetch (subd bench quality --pace cpu, LibriVox dev set), and a word
+# whose next update runs long is late by that excess only.
+UPDATE_COSTS_KEPT = 10
+UPDATE_COST_QUANTILE = 0.7
+UPDATE_MARGIN_NS = 30_000_000
+# tiny.en int8 on one core: the cut span 0.12-0.15 s an update, the full input 0.38-0.42 s
+FIRST_COST_NS = {False: 150_000_000, True: 400_000_000}
+FULL_SPAN_CONTEXT_NS = 750_000_000
+FULL_SPAN_SLACK_NS = 150_000_000  # full also when it costs the words at most this much context
+PROBE_EVERY = 50  # updates (~10 s at 200 ms): the span not in use is measured again
+SPANS = ("auto", "cut", "full")
+
+
+@dataclass(frozen=True, slots=True)
+class UpdatePlan:
+    commit_until_ns: int  # audio time: every word ending by then is decided by this update
+    full_span: bool  # the encoder runs over Whisper's whole input
+
+
+class UpdatePlanner:
+    def __init__(self, span: str = "auto", min_update_ms: int = 200) -> None:
+        if span not in SPANS:
+            raise ValueError(f"encoder span {span!r}: one of {', '.join(SPANS)}")
+        self.span = span
+        self.min_update_ms = min_update_ms
+        self._costs = {kind: collections.deque(maxlen=UPDATE_COSTS_KEPT)
+                       for kind in (False, True)}
+        self.n_full = 0
+        self.n_cut = 0
+        self._last_used = {False: -PROBE_EVERY, True: -PROBE_EVERY}  # plan number
+        self._n_plans = 0
+
+    def cost_ns(self, full: bool) -> int:
+        costs = sorted(self._costs[full])
+        if not costs:
+            return FIRST_COST_NS[full]
+        return costs[min(len(costs) - 1, int(UPDATE_COST_QUANTILE * len(costs)))]
+
+    def record(self, plan: UpdatePlan, cost_ns: int) -> None:
+        self._costs[plan.full_span].append(cost_ns)
+
+    def plan(self, grid: TickGrid, now_ns: int) -> UpdatePlan:
+        gap = int(self.min_update_ms * NS_PER_MS / grid.rate)
+        full = self._choose_full(grid, gap)
+        self._n_plans += 1
+        self._last_used[full] = self._n_plans
+        self.n_full += full
+        self.n_cut += not full
+        cost = self.cost_ns(full)
+        # the next result is in one update cost after this one's, or after the audio for the
+        # next update has arrived
+        next_in = now_ns + max(cost, gap) + cost + UPDATE_MARGIN_NS
+        k = grid.first_due_at_or_after(next_in + grid.lookahead_ns)  # first fetch after it
+        return UpdatePlan(grid.audio_end_ns(k - 1) if k > 0 else 0, full)
+
+    def _choose_full(self, grid: TickGrid, gap_ns: int) -> bool:
+        if self.span != "auto":
+            return self.span == "full"
+        for kind in (True, False):  # measure each kind first, and each again now and then
+            if self._n_plans - self._last_used[kind] >= PROBE_EVERY:
+                return kind
+        budget = grid.latency_ns - grid.lookahead_ns - UPDATE_MARGIN_NS
+
+        def context(full: bool) -> int:  # the right context due words get (wall ns)
+            cost = self.cost_ns(full)
+            return budget - max(cost, gap_ns) - cost
+
+        full_ctx = context(True)
+        return full_ctx >= FULL_SPAN_CONTEXT_NS or full_ctx >= context(False) - FULL_SPAN_SLACK_NS
