@@ -49,6 +49,19 @@ def test_the_sets_are_disjoint_and_carry_the_books_punctuation(speech_clips):
     assert len(held.audio) > len(dev.audio) / 3
 
 
+def test_the_repositorys_clips_join_the_sets_with_their_references():
+    """data/speech: JFK's punctuated reference (held out), LibriSpeech without marks (dev)."""
+    from subd.bench.quality_sets import DEV_CLIPS, HELDOUT_CLIPS
+
+    assert not set(DEV_CLIPS) & set(HELDOUT_CLIPS)
+    jfk = build_set("heldout", ("speech/jfk",))
+    assert jfk.words[:4] == ["and", "so", "my", "fellow"]
+    assert jfk.marks[:4] == ["", ",", "", ""] and jfk.marks[-1] == "."
+    assert len(jfk.audio) / 16000 > 11
+    libri = build_set("dev", ("speech/libri-2412-153948-0000",))
+    assert len(libri.words) == 36 and set(libri.marks) == {None}
+
+
 @pytest.mark.parametrize("pace", ["real", "cpu"])
 def test_bench_quality_prints_offline_and_every_d_and_writes_the_plot(tmp_path, speech_clips,
                                                                       pace):
