@@ -335,3 +335,23 @@ def test_a_word_cut_at_its_deadline_is_completed_not_repeated(voiced):
     _feed(rec, voiced, 1.5)
     hyp = rec.update(commit_until_ns=1500 * MS)
     assert [w.text for w in hyp.committed] == ["disposed", "young"]
+
+
+def test_a_looped_phrase_timed_past_the_audio_is_not_speech():
+    """Whisper on a cut window can loop the last phrase, every copy at the audio end, or stack
+    a copy of no duration before the real words; neither reaches the hypothesis. Real
+    repeated words ("five, five") have their own durations and stay."""
+    from subd.recognise.commit import stacked_tail_cut
+
+    def words(*spec):
+        return [Word(t, int(a * 1000) * MS, int(b * 1000) * MS) for t, a, b in spec]
+
+    looped = words(("Ten", 8.0, 8.2), ("of", 8.2, 8.4), ("clubs.", 8.4, 8.6), ("Ten", 8.6, 8.6),
+                   ("of", 8.6, 8.6), ("clubs.", 8.6, 8.6))
+    assert [w.text for w in stacked_tail_cut(looped, 8_600 * MS)] == ["Ten", "of", "clubs."]
+    stacked = words(("Seven", 12.02, 12.62), ("of", 12.62, 12.62), ("clubs.", 12.62, 12.62),
+                    ("Seven", 12.62, 12.90), ("of", 12.90, 13.22), ("clubs.", 13.22, 13.38))
+    assert [w.text for w in stacked_tail_cut(stacked, 13_600 * MS)] == ["Seven", "of", "clubs."]
+    real = words(("Five,", 1.0, 1.4), ("five.", 1.6, 2.0), ("Eight", 2.5, 2.9))
+    assert stacked_tail_cut(real, 3_000 * MS) == real
+    assert stacked_tail_cut(real, 2_930 * MS) == real  # one word at the very end: kept

@@ -44,7 +44,9 @@ UPDATE_MARGIN_NS = 30_000_000
 FIRST_COST_NS = {False: 150_000_000, True: 400_000_000}
 FULL_SPAN_CONTEXT_NS = 750_000_000
 FULL_SPAN_SLACK_NS = 150_000_000  # full also when it costs the words at most this much context
-PROBE_EVERY = 50  # updates (~10 s at 200 ms): the span not in use is measured again
+# updates (~1 min at 200 ms): the span not in use is measured again. A probe of the full input
+# where it loses costs that update's due words right context
+PROBE_EVERY = 300
 SPANS = ("auto", "cut", "full")
 
 

@@ -230,7 +230,7 @@ class Pipeline(TickPublisher):
             request = FinishRequest(end) if plan is None else UpdateRequest(
                 end, plan.commit_until_ns, full_span=plan.full_span)
             result = await self.recogniser.call(request, sent_ns)
-            if plan is not None:
+            if plan is not None and result.decoded:  # a silent window costs next to nothing
                 self.planner.record(plan, self.clock.now_ns() - sent_ns)
             sent = end
             self._integrate(result)

@@ -26,6 +26,8 @@ from typing import Protocol
 from subd.types import Word
 
 NS_PER_MS = 1_000_000
+STACKED_END_MS = 60  # see stacked_tail_cut
+STACKED_MS = 10
 
 
 class PolicyConfig(Protocol):
@@ -154,3 +156,30 @@ def _rest_of_cut_word(word: Word, last: Word) -> Word:
     if not rest or not norm_word(rest) or text[letters[len(head) - 1] + 1] not in "-":
         return word  # "Fives" after "Five" is another word, not the rest of it
     return Word(rest, word.start_ns, word.end_ns, word.probability)
+
+
+def stacked_tail_cut(words: list[Word], end_ns: int) -> list[Word]:
+    """Drop the words Whisper wrote past the audio it heard. On a cut window it can loop a
+    phrase ("Ten of clubs. Ten of clubs. Ten of ...", the cards clips at D = 1 s), every copy
+    timed at the window's very end or stacked at one instant before a real word. Two words
+    cannot both end within ``STACKED_END_MS`` of the audio end, nor two words of no duration
+    at the same instant: the first of each such run is kept (it may be a real word, cut
+    short) unless the word after the run repeats it, the rest are not speech."""
+    near = end_ns - STACKED_END_MS * NS_PER_MS
+    i = len(words)
+    while i > 0 and words[i - 1].end_ns >= near:
+        i -= 1
+    if len(words) - i > 1:
+        words = words[:i + 1]
+    out: list[Word] = []
+    stacked = False  # words were dropped after out[-1]
+    for w in words:
+        if out and w.end_ns - w.start_ns < STACKED_MS * NS_PER_MS \
+                and abs(w.end_ns - out[-1].end_ns) < STACKED_MS * NS_PER_MS:
+            stacked = True  # no duration, at the instant the word before ends
+            continue
+        if stacked and norm_word(out[-1].text) == norm_word(w.text):
+            out.pop()  # the loop's first word, the real one follows ("Seven [of clubs] Seven")
+        stacked = False
+        out.append(w)
+    return out

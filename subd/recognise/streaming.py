@@ -44,7 +44,7 @@ from subd.models.engine import (
     live_threads,
 )
 from subd.models.words import prompt_text
-from subd.recognise.commit import after_commit_point, decide
+from subd.recognise.commit import after_commit_point, decide, stacked_tail_cut
 from subd.recognise.language import LanguageTracker
 from subd.recognise.settle import settled_end
 from subd.recognise.vad import VoiceActivityDetector
@@ -295,7 +295,9 @@ class StreamingRecognizer:
                     probability=w.probability,
                 )
             )
-        return self._after_commit_point(words, forced=result.prefix_used)
+        end_ns = offset_ns + samples_to_ns(len(window))
+        return self._after_commit_point(stacked_tail_cut(words, end_ns),
+                                        forced=result.prefix_used)
 
     def _speech_after_commit_point(self) -> bool:
         """Is there speech after the committed words (something left to transcribe)?"""

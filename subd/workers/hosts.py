@@ -78,6 +78,9 @@ class RecogniseResult:
     accepted_sample: int
     duration_ns: int
     lost_samples: int = 0  # audio overwritten before the recogniser read it (live overrun)
+    # the model ran (False: a window without speech, or too little new audio): only such
+    # updates tell what an update costs (subd.pipeline.deadline)
+    decoded: bool = True
 
 
 class RecogniserHost:
@@ -121,6 +124,7 @@ class RecogniserHost:
 
     def handle(self, request: Any) -> RecogniseResult:
         t_ns = time.monotonic_ns()
+        n_decodes = getattr(self.recognizer, "n_decodes", None)
         lost = self._accept_until(request.end_sample)
         if isinstance(request, FinishRequest):
             hyp = self.recognizer.finish()
@@ -129,7 +133,9 @@ class RecogniserHost:
             hyp = self.recognizer.update(commit_until_ns=request.commit_until_ns, **span)
         else:
             hyp = self.recognizer.update()
-        return RecogniseResult(hyp, self.accepted_sample, time.monotonic_ns() - t_ns, lost)
+        decoded = n_decodes is None or self.recognizer.n_decodes != n_decodes
+        return RecogniseResult(hyp, self.accepted_sample, time.monotonic_ns() - t_ns, lost,
+                               decoded)
 
     def _takes_deadline(self) -> bool:
         """Whether the recogniser's ``update`` takes ``commit_until_ns`` (a plugged-in
