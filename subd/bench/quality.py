@@ -63,6 +63,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--plot", default="quality_vs_latency.png", help="PNG output")
     p.add_argument("--json", help="write the figures here as JSON")
     p.add_argument("--show", action="store_true", help="print each run's text")
+    p.add_argument("--repeats", type=int, default=1,
+                   help="stream each D this many times: WER/F1 means, worst drops (default 1)")
     p.add_argument("--span", choices=("config", "auto", "cut", "full"), default="config",
                    help="[recognizer] encoder_span for the streamed runs (config: as the "
                         "configuration says)")
@@ -197,6 +199,31 @@ def recognizer_overrides(items: list[str]) -> dict:
     return out
 
 
+def stream_runs(sset: SpeechSet, latency_ms: int, args) -> RunScore:
+    """``--repeats`` runs of one D: a streamed run's decisions depend on when each update's
+    result comes in, so one run is one draw. WER and F1 are the runs' means (``wer_runs``
+    lists each), dropped spans and full stops inside sentences the worst run's, latency is
+    over every run's words; the text shown is the first run's."""
+    runs = [stream_run(sset, latency_ms, args) for _ in range(args.repeats)]
+    if len(runs) == 1:
+        return runs[0]
+    worst = max(runs, key=lambda r: (len(r.dropped), r.stops_inside))
+    out = RunScore(float(np.mean([r.wer_pct for r in runs])),
+                   {k: float(np.mean([r.f1[k] for r in runs])) for k in runs[0].f1},
+                   worst.dropped, max(r.stops_inside for r in runs), text=runs[0].text)
+    lat = np.concatenate([r.latency_samples for r in runs])
+    out.latency_s = _latency(lat)
+    out.wer_runs = [r.wer_pct for r in runs]
+    return out
+
+
+def _latency(lat: np.ndarray) -> dict[str, float]:
+    if not lat.size:
+        return {}
+    return {"p50": float(np.percentile(lat, 50)), "p95": float(np.percentile(lat, 95)),
+            "max": float(lat.max())}
+
+
 def stream_run(sset: SpeechSet, latency_ms: int, args) -> RunScore:
     if args.pace == "cpu":
         from subd.torch_threads import torch_threads
@@ -207,9 +234,8 @@ def stream_run(sset: SpeechSet, latency_ms: int, args) -> RunScore:
         words, t0_ns = asyncio.run(_stream(sset, latency_ms, args))
     sc = score_words(sset, [(t, p) for t, p, _, _ in words])
     lat = np.array([(sent - t0_ns - end) / 1e9 for _, _, end, sent in words])
-    if lat.size:
-        sc.latency_s = {"p50": float(np.percentile(lat, 50)),
-                        "p95": float(np.percentile(lat, 95)), "max": float(lat.max())}
+    sc.latency_s = _latency(lat)
+    sc.latency_samples = lat
     return sc
 
 
@@ -227,7 +253,9 @@ def _row(name: str, sc: RunScore) -> str:
     lat_text = (f"{lat['p50']:5.2f} {lat['p95']:5.2f} {lat['max']:5.2f}" if lat
                 else "    -     -     -")
     return (f"  {name:>8s}  {sc.wer_pct:5.1f}  {sc.f1['.']:4.2f} {sc.f1[',']:4.2f} "
-            f"{sc.f1['?']:4.2f}  {len(sc.dropped):3d}  {sc.stops_inside:3d}  {lat_text}")
+            f"{sc.f1['?']:4.2f}  {len(sc.dropped):3d}  {sc.stops_inside:3d}  {lat_text}"
+            + (f"  (WER runs {' '.join(f'{w:.1f}' for w in sc.wer_runs)})" if sc.wer_runs
+               else ""))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -240,6 +268,8 @@ def run(args: argparse.Namespace) -> int:
     names = [s.strip() for s in args.sets.split(",") if s.strip()]
     if not names or any(n not in SETS for n in names):
         raise UserError(f"--sets {args.sets!r}: choose from {', '.join(SETS)}")
+    if not 1 <= args.repeats <= 20:
+        raise UserError("--repeats must be in 1..20")
     if args.max_clips < 0:
         raise UserError("--max-clips must be >= 0")
     if args.overrides and args.pace != "cpu":
@@ -258,7 +288,7 @@ def run(args: argparse.Namespace) -> int:
               flush=True)
         res = {"offline": offline_run(sset, engine)}
         for d in latencies:
-            res[f"{d}"] = stream_run(sset, d, args)
+            res[f"{d}"] = stream_runs(sset, d, args)
             print(_row(f"{d}", res[f"{d}"]), flush=True)
         results[sset.name] = res
     print("\n  D (ms)    WER %   '.'  ','  '?'  drop stop  lat p50 p95  max (s)")

@@ -202,11 +202,14 @@ class RunScore:
     stops_inside: int
     latency_s: dict[str, float] = field(default_factory=dict)
     text: str = ""
+    wer_runs: list[float] = field(default_factory=list)  # each run's WER (--repeats)
+    latency_samples: np.ndarray = field(default_factory=lambda: np.zeros(0), repr=False)
 
     def as_dict(self) -> dict:
         return {"wer_pct": self.wer_pct, "f1": self.f1, "dropped_spans": len(self.dropped),
                 "dropped": self.dropped, "full_stops_inside_sentences": self.stops_inside,
-                "latency_s": self.latency_s}
+                "latency_s": self.latency_s,
+                **({"wer_runs": self.wer_runs} if self.wer_runs else {})}
 
 
 def score_words(sset: SpeechSet, shown: list[tuple[str, str]]) -> RunScore:
