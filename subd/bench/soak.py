@@ -1,7 +1,8 @@
 """``subd bench soak``: ≥ 30 min of audio through the pipeline as fast as it allows.
 
 The clip is looped to ``--minutes`` of audio and fed to the recogniser worker process in
-``--step-ms`` pieces, each as soon as the previous update returned (no pacing), with the tag
+``--step-ms`` pieces, each as soon as the previous update returned (no pacing), decided as the
+daemon at ``--latency-ms`` decides them, on the ``--span`` encoder input, with the tag
 stage behind it in its own process (a tag pass overlaps the next update, as in the daemon).
 Prints the resident memory of the processes and the committed-word latency p95 —
 audio-timeline latency (fed audio end − word end) plus the update's compute time — at audio
@@ -36,6 +37,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--minutes", type=float, default=30.0)
     p.add_argument("--step-ms", type=int, default=200, help="audio per recogniser update")
     p.add_argument("--model", default="tiny.en")
+    p.add_argument("--latency-ms", type=int, default=2000,
+                   help="decide words as the daemon at this D does (deadline mode: each update "
+                        "commits the words ending D - A - two update costs before its audio "
+                        "end); 0: the recogniser's own agreement policy")
+    p.add_argument("--span", choices=("full", "cut"), default="full",
+                   help="encoder input: Whisper's whole 30 s (the daemon's choice at D = 2 s "
+                        "on this project's 2-core machine) or the cut span")
     p.set_defaults(func=run)
 
 
@@ -82,6 +90,7 @@ async def soak(args: argparse.Namespace, audio: np.ndarray) -> list[dict]:
     next_mark = first_mark
     n_tagged = 0
     tagging: asyncio.Future | None = None  # the tag pass in flight (overlaps the next update)
+    last_compute_ms = 400.0
     t_start = time.monotonic()
     while fed < total:
         end = min(total, fed + step)
@@ -91,9 +100,15 @@ async def soak(args: argparse.Namespace, audio: np.ndarray) -> list[dict]:
             history.write(a, audio[pos:pos + n])
         fed = end
         final = fed >= total
-        result = await rec.call(FinishRequest(fed) if final else UpdateRequest(fed))
+        until = None
+        if args.latency_ms:  # subd.pipeline.deadline: A = 150 ms, two update costs, a margin
+            until = max(0, fed * 62_500 - (args.latency_ms - 150 - 30) * 1_000_000
+                        + 2 * int(last_compute_ms * 1e6))
+        result = await rec.call(FinishRequest(fed) if final else UpdateRequest(
+            fed, until, full_span=args.span == "full"))
         hyp = result.hypothesis
         compute_ms = result.duration_ns / 1e6
+        last_compute_ms = compute_ms
         for w in hyp.committed:
             timeline_ms = (fed * 62_500 - w.end_ns) / 1e6
             audio_lat.append((fed, timeline_ms))
