@@ -17,8 +17,11 @@ The encoder span is chosen here too, per update (``[recognizer] encoder_span``):
   of right context, or nearly as much as the cut span would (on a fast device the full input
   costs little more); otherwise the cut span. A word decided with ~1 s of right context on the
   full input reads like offline: ``subd bench quality --pace cpu`` (tiny.en int8, one core),
-  D = 2 s: WER dev 6.1 % / held-out 5.4 % full, offline 6.1 / 5.4, cut 7.8 / 8.6; at D = 1 s the
-  full input (0.4 s an update) leaves ~0.1 s of right context and the cut span is chosen.
+  D = 2 s: WER dev 6.1 % / held-out 5.4 % full, offline 6.1 / 5.4, cut 7.8 / 8.6. At D = 1 s
+  the full input (0.4 s an update) leaves ~0 s of right context and the two are even (dev WER
+  8.7-12.2 % full over 3 runs, 7.8-16.5 % cut over 4); a threshold of 0 there made the choice
+  flap from update to update, so 0.75 s keeps D = 1 s on the cut span and D = 2 s on the full
+  input on that machine. On a GPU (both spans cost little) it is the full input at every D.
 
 Both kinds are measured on the channel's first two updates, and the one not in use is measured
 again every ``PROBE_EVERY`` updates (load and devices change); until measured, a kind is assumed
