@@ -211,6 +211,29 @@ class DeadlineRecognizer:
         return Hypothesis(rest, (), self.audio_end_ns)
 
 
+def _run_pipeline(latency_ms: int, seconds: float, n_words: int, rec_cost, tag_ms: int = 5):
+    """DeadlineRecognizer's script through the pipeline on a fake clock where an update lasts
+    ``rec_cost(request)`` and a tag pass ``tag_ms``: (sink, recogniser, counters)."""
+
+    async def main():
+        clock = FakeClock(start_ns=T0_NS)
+        history = AudioHistory(SAMPLE_RATE_HZ * 40)
+        spec = FactorySpec("tests.test_deadline:DeadlineRecognizer", {"n_words": n_words})
+        host = RecogniserHost(spec, history.capacity, history=history)
+        rec = InlineWorker("recognise", host, clock, rec_cost)
+        tag = InlineWorker("tag", TagHost(None), clock, lambda r: tag_ms * MS)
+        sink = ListSink()
+        pipeline = Pipeline(
+            clock=clock, settings=TickSettings(latency_ms=latency_ms, drain_timeout_s=60),
+            source=FileSource(np.zeros(int(seconds * SAMPLE_RATE_HZ), np.float32)),
+            recogniser=rec, tagger=tag, history=history, sinks=[sink])
+        task = asyncio.ensure_future(pipeline.run())
+        await clock.run_until_done(task, limit_ns=T0_NS + int((seconds + 60) * 1e9))
+        return sink, host.recognizer, pipeline.counters
+
+    return asyncio.run(main())
+
+
 def _tick_of(grid: TickGrid, end_ns: int) -> int:
     """The tick that publishes a word ending at ``end_ns``: the first whose audio reaches it."""
     k = max(0, end_ns * 30 // 1_000_000_000 - 2)
@@ -228,25 +251,8 @@ def test_the_pipeline_decides_each_word_at_its_deadline(latency_ms, tag_ms):
     (degraded ticks: words go out untagged) changes none of that."""
     seconds = 4.0 + 2.5 * latency_ms / 1000
     rec_cost_ms = 150
-
-    async def main():
-        clock = FakeClock(start_ns=T0_NS)
-        history = AudioHistory(SAMPLE_RATE_HZ * 40)
-        spec = FactorySpec("tests.test_deadline:DeadlineRecognizer",
-                           {"n_words": int((seconds - 1) / 0.4)})
-        host = RecogniserHost(spec, history.capacity, history=history)
-        rec = InlineWorker("recognise", host, clock, lambda r: rec_cost_ms * MS)
-        tag = InlineWorker("tag", TagHost(None), clock, lambda r: tag_ms * MS)
-        sink = ListSink()
-        pipeline = Pipeline(
-            clock=clock, settings=TickSettings(latency_ms=latency_ms, drain_timeout_s=60),
-            source=FileSource(np.zeros(int(seconds * SAMPLE_RATE_HZ), np.float32)),
-            recogniser=rec, tagger=tag, history=history, sinks=[sink])
-        task = asyncio.ensure_future(pipeline.run())
-        await clock.run_until_done(task, limit_ns=T0_NS + int((seconds + 60) * 1e9))
-        return sink, host.recognizer, pipeline.counters
-
-    sink, recognizer, counters = asyncio.run(main())
+    sink, recognizer, counters = _run_pipeline(latency_ms, seconds, int((seconds - 1) / 0.4),
+                                               lambda r: rec_cost_ms * MS, tag_ms)
     assert (counters.degraded_ticks > 0) == (tag_ms > 2 * 34)
     grid = TickGrid.create("30", T0_NS, latency_ms, 150)
     shown = [(tw.word, s.k) for s in sink.states for tw in s.committed]
@@ -268,27 +274,9 @@ def test_the_encoder_span_follows_the_right_context_the_deadline_leaves(
     """[recognizer] encoder_span = "auto": an update runs over Whisper's whole input when the
     due words still get 0.75 s of right context (or nearly what the cut span would give them),
     and every word is still published at its tick."""
-    seconds = 8.0
     cost_ms = {True: full_ms, False: 120}
-
-    async def main():
-        clock = FakeClock(start_ns=T0_NS)
-        history = AudioHistory(SAMPLE_RATE_HZ * 40)
-        spec = FactorySpec("tests.test_deadline:DeadlineRecognizer", {"n_words": 15})
-        host = RecogniserHost(spec, history.capacity, history=history)
-        rec = InlineWorker("recognise", host, clock,
-                           lambda r: cost_ms[getattr(r, "full_span", False)] * MS)
-        tag = InlineWorker("tag", TagHost(None), clock, lambda r: 5 * MS)
-        sink = ListSink()
-        pipeline = Pipeline(
-            clock=clock, settings=TickSettings(latency_ms=latency_ms, drain_timeout_s=60),
-            source=FileSource(np.zeros(int(seconds * SAMPLE_RATE_HZ), np.float32)),
-            recogniser=rec, tagger=tag, history=history, sinks=[sink])
-        task = asyncio.ensure_future(pipeline.run())
-        await clock.run_until_done(task, limit_ns=T0_NS + int((seconds + 60) * 1e9))
-        return sink, host.recognizer
-
-    sink, recognizer = asyncio.run(main())
+    sink, recognizer, _ = _run_pipeline(
+        latency_ms, 8.0, 15, lambda r: cost_ms[getattr(r, "full_span", False)] * MS)
     steady = recognizer.spans[3:]  # after the first costs are measured
     assert steady and all(s == want_full for s in steady)
     grid = TickGrid.create("30", T0_NS, latency_ms, 150)
