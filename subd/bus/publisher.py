@@ -8,6 +8,13 @@ edge's events are the daemon's own) and queues its ``delta`` payload; a writer t
 tick is due and the bus's latency hides inside the lead. ``publish`` only catches a tick that
 was never prepared.
 
+The entry is not the SSE event the pipeline encodes into the tick's slot (``prepare_event``,
+which this sink leaves alone): it is another document. Its ``k`` and ``w0`` continue the
+channel's stream across daemons (this daemon's tick 0 is the stream's ``k0``), it carries
+``latency_ns`` for the edges, and it is bare JSON for a Redis field, with no ``id:``/``data:``
+lines or chunk framing; an edge re-encodes it for its own clients anyway (``due_ns`` is on its
+clock). So it is encoded here, once per tick.
+
 Every write goes through one script that first checks the lease: a daemon that lost its
 channel can never write over the new holder's ticks. While Redis is away the payloads wait in
 a bounded backlog (``backlog_ticks``, the oldest dropped and counted beyond it) and are written
@@ -26,8 +33,7 @@ from redis.exceptions import RedisError
 from subd.bus.lease import DOWN_RETRY_S, ChannelLease
 from subd.bus.stream import encode_entry, stream_end
 from subd.config import BusConfig
-from subd.layout.cues import token_of
-from subd.sinks.sse.wire import SSEConfig, cue_json, delta_payload
+from subd.sinks.sse.wire import SSEConfig, delta_payload, delta_rows
 from subd.tasks import cancel_and_wait, start_task
 from subd.types import CaptionState
 
@@ -86,11 +92,9 @@ class BusPublisher:
         if state.k <= self._last_k or self.lease.lost.is_set():
             return
         self._last_k = state.k
-        closed = [c for c in state.cues if c.committed]  # laid out once, by the pipeline
-        words = [[w.text, w.start_ns, w.end_ns] for w in map(token_of, state.committed)]
+        words, cues = delta_rows(state)  # cues as the pipeline laid them out, once
         bus_state = dataclasses.replace(state, k=self._k0 + state.k)
-        payload = delta_payload(bus_state, self._w0 + self._n_words, words,
-                                [cue_json(c) for c in closed])
+        payload = delta_payload(bus_state, self._w0 + self._n_words, words, cues)
         payload["latency_ns"] = self._latency_ns  # an edge takes it out of the event
         self._n_words += len(words)
         if len(self._backlog) >= self.config.backlog_ticks:

@@ -4,5 +4,5 @@ paced garbage collection.
 
 May import: ``subd.layout`` (cues, laid out once per tick), ``subd.workers`` (what stages
 exchange), ``subd.sources`` (the drift estimate of live sample clocks), ``subd.sinks`` (the
-events log) and the top-level modules.
+events log; the SSE wire format, a tick's event encoded in its slot) and the top-level modules.
 """

@@ -1,8 +1,10 @@
 """The publish half of the tick pipeline: at T(k) − prepare, tick k's state is built, laid out
-(the cues, once, for every sink) and put in its slot; the sinks that can encode ahead do it
-then; at T(k) exactly the state goes to every sink. A tick whose slot is not ready repeats the
-last state as a fallback. :class:`TickPublisher` is mixed into
-:class:`~subd.pipeline.scheduler.Pipeline`, whose streams and counters it reads.
+(the cues, once, for every sink) and put in its slot, and its SSE event is encoded, once, into
+the slot's buffer for every SSE sink; the other sinks that can encode ahead do it then; at T(k)
+exactly the state goes to every sink. A tick whose slot is not ready repeats the last state as
+a fallback (its event encoded in the ring's spare buffer if the slot is gone).
+:class:`TickPublisher` is mixed into :class:`~subd.pipeline.scheduler.Pipeline`, whose streams
+and counters it reads.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from typing import Any
 
 from subd.pipeline.gcpace import PACER
 from subd.pipeline.ring import DEGRADED
+from subd.sinks.sse.wire import TickEvent
 from subd.types import CaptionState, Cue, samples_to_ns
 
 log = logging.getLogger("subd.pipeline.scheduler")
@@ -31,7 +34,7 @@ class TickPublisher:
             due = self._due(k)
             await self.clock.sleep_until(due - self._prepare_ns, precise=False)
             state = self._prepare(k, due)
-            self._prepare_sinks(state)
+            self._prepare_sinks(state, self._encode(state))
             sent = await self.clock.sleep_until(due)
             slot = self.ring.get(k)  # the prepared state waits in tick k's slot until T(k)
             self._emit(slot.state if slot is not None and slot.state is not None else state,
@@ -91,14 +94,34 @@ class TickPublisher:
         elif n % 1000 == 0:
             log.error("sink %s failed to %s tick %d (%d sink errors so far)", name, what, k, n)
 
-    def _prepare_sinks(self, state: CaptionState) -> None:
-        """Sinks that can encode ahead (``prepare``) do it now, so T(k) only writes."""
+    def _encode(self, state: CaptionState) -> TickEvent | None:
+        """Tick k's SSE event, encoded once, into its slot's buffer (the ring's spare if the
+        slot is gone), for the sinks that write it (``prepare_event``). None if no sink does:
+        nothing is encoded that nobody reads. Its first word's index is the count of words
+        published before it, the same for every sink."""
+        if not any(getattr(s, "prepare_event", None) is not None for s in self.sinks):
+            return None
+        event = self.ring.event_for(state.k)
+        try:
+            event.encode(state, self.words.published_idx + 1)
+        except Exception:  # noqa: BLE001 - the sinks encode it themselves (prepare)
+            event.clear()
+            self._sink_failed("tick-event", "encode", state.k)
+            return None
+        return event
+
+    def _prepare_sinks(self, state: CaptionState, event: TickEvent | None) -> None:
+        """Sinks that write the tick's encoded event take it now (``prepare_event``); others
+        that can encode ahead (``prepare``) do it now; so T(k) only writes."""
         for sink in self.sinks:
-            prepare = getattr(sink, "prepare", None)
+            prepare = getattr(sink, "prepare_event", None) if event is not None else None
+            arg: Any = event
+            if prepare is None:
+                prepare, arg = getattr(sink, "prepare", None), state
             if prepare is None:
                 continue
             try:
-                prepare(state)
+                prepare(arg)
             except Exception:  # noqa: BLE001 - a broken sink must not stop the clock
                 self._sink_failed(sink, "prepare", state.k)
 

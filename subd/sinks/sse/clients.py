@@ -52,8 +52,8 @@ def _write_now(client: _Client, data: bytes) -> bool:
         n = os.write(client.fd, data)
     except OSError:  # full; or reset, broken pipe: the transport's write sees it and closes
         n = 0
-    if n < len(data):
-        client.transport.write(data[n:])
+    if n < len(data):  # the transport may keep what it is given: bytes, not a view of a slot
+        client.transport.write(bytes(data[n:]))
         return False
     return True
 

@@ -12,10 +12,12 @@ global index of the first in ``w0``), the tentative tail, cues closed at the tic
 ``Last-Event-ID`` is older than the bounded history, or after a client was skipped forward)
 carries the latest ``resync_words`` committed words and recent cues instead.
 
-Fan-out never waits for a client: each event is encoded once, then written to every socket
-without awaiting. A client whose unsent bytes exceed ``client_buffer_bytes`` is skipped (its
-events dropped, a ``full`` resync sent when it catches up); one stalled for ``drop_after_ms`` is
-disconnected. So a client that does not read costs bounded memory and never delays others.
+Fan-out never waits for a client: each event is encoded once (in the daemon by the pipeline,
+into the tick's slot, for every SSE sink of the channel: ``prepare_event``), then written to
+every socket without awaiting. A client whose unsent bytes exceed ``client_buffer_bytes`` is
+skipped (its events dropped, a ``full`` resync sent when it catches up); one stalled for
+``drop_after_ms`` is disconnected. So a client that does not read costs bounded memory and never
+delays others.
 
 With ``fanout_workers`` > 0, processes (:mod:`subd.sinks.sse.worker`) share the writing, in
 parallel with this one, same policy everywhere. Shares are balanced by measured time, not by
@@ -39,7 +41,6 @@ from typing import Any
 from aiohttp import web
 from aiohttp.http import HttpVersion11
 
-from subd.layout.cues import token_of
 from subd.sinks.sse.clients import (  # noqa: F401 - quickest: named by tests
     FanoutBalance,
     _Client,
@@ -51,14 +52,15 @@ from subd.sinks.sse.wire import (
     HEARTBEAT,
     NS_PER_MS,
     SSEConfig,
+    TickEvent,
     chunk,
     cors_headers,
-    cue_json,
     delta_payload,
+    delta_rows,
     encode_event,
+    full_payload,
     options_response,
     set_sndbuf,
-    unix_ns,
 )
 from subd.sinks.sse.worker import moving_average, reset_on_close
 from subd.tasks import cancel_and_wait, start_task
@@ -71,11 +73,11 @@ MAX_HOLD_NS = 50_000_000  # a prepared tick is held by the workers at most this 
 
 @dataclass(frozen=True, slots=True)
 class _Prepared:
-    """Tick k laid out and encoded at the look-ahead, written at T(k)."""
+    """Tick k encoded at the look-ahead (bytes, or views of its slot's buffer), written at T(k)."""
 
     state: CaptionState
-    event: bytes
-    framed: bytes
+    event: bytes | memoryview
+    framed: bytes | memoryview
     words: list[list[Any]]
     cues: list[list[Any]]
 
@@ -168,11 +170,23 @@ class SSESink(FanoutBalance):
     # -- publishing (event loop, never blocks) -----------------------------------------
 
     def prepare(self, state: CaptionState) -> None:
-        """At the look-ahead (T(k) - 2 ms): lay out and encode tick k, and send it to the
-        fan-out workers, which write it at T(k) themselves. ``publish`` then only writes."""
+        """At the look-ahead (T(k) - 2 ms): encode tick k, and send it to the fan-out
+        workers, which write it at T(k) themselves. ``publish`` then only writes."""
+        self._take(state, None)
+
+    def prepare_event(self, tick: TickEvent) -> None:
+        """``prepare``, with tick k as the pipeline encoded it once in its slot, for every
+        SSE sink of the channel. Its word index is the channel's: a sink present from the
+        first tick counts the same; one built by a reload takes it up (as an edge does)."""
+        self._take(tick.state, tick)
+
+    def _take(self, state: CaptionState, tick: TickEvent | None) -> None:
         if self._prepared is not None:  # prepared and never published: it goes out now
             self.publish(self._prepared.state)
-        self._prepared = prepared = self._encode(state)
+        if tick is not None:
+            self._n_words = tick.w0
+        self._prepared = prepared = self._encode(state) if tick is None else \
+            _Prepared(state, tick.event, tick.framed, tick.words, tick.cues)
         now = self._clock()
         if self._links:
             # the workers' release time is on the monotonic clock; a test's fake clock gives
@@ -213,6 +227,12 @@ class SSESink(FanoutBalance):
         self._n_fast = len(self._clients) - len(lagging)
         self._send_ns = moving_average(self._send_ns, time.monotonic_ns() - t0, self._n_fast,
                                        n_short)
+        if not isinstance(event, bytes):
+            # what outlives this tick (the replay history, a lagging client's unsent bytes
+            # in its transport) is copied out of the slot buffer, encoded again N ticks on
+            event = bytes(event)
+            if lagging:
+                framed = chunk(event)
         self._history.append((state.k, event))
         self._words.extend(prepared.words)
         self._cues.extend(prepared.cues)
@@ -231,9 +251,7 @@ class SSESink(FanoutBalance):
         self._rebalance()
 
     def _encode(self, state: CaptionState) -> _Prepared:
-        closed = [c for c in state.cues if c.committed]  # laid out once, by the pipeline
-        words = [[w.text, w.start_ns, w.end_ns] for w in map(token_of, state.committed)]
-        cues = [cue_json(c) for c in closed]
+        words, cues = delta_rows(state)
         return self._encoded(state, delta_payload(state, self._n_words, words, cues))
 
     @staticmethod
@@ -304,20 +322,9 @@ class SSESink(FanoutBalance):
             state = self._last
             if state is None:
                 return b""
-            payload = {
-                "type": "full",
-                "k": state.k,
-                "due_ns": state.due_ns,
-                "due_unix_ns": unix_ns(state.due_ns),
-                "audio_end_ns": state.audio_end_ns,
-                "latency_ns": self.config.latency_ms * NS_PER_MS,
-                "w0": self._n_words - len(self._words),
-                "words": list(self._words),
-                "tentative": state.tentative,
-                "cues": list(self._cues),
-                "fallback": state.fallback,
-                "degraded": state.degraded,
-            }
+            payload = full_payload(state, self.config.latency_ms * NS_PER_MS,
+                                   self._n_words - len(self._words), list(self._words),
+                                   list(self._cues))
             self._full = encode_event(state.k, payload)
         return self._full
 

@@ -1,4 +1,5 @@
-"""SSE wire format and configuration: event encoding, chunk framing, CORS, ``[sinks.sse]``."""
+"""SSE wire format and configuration: event encoding, chunk framing, CORS, ``[sinks.sse]``, and
+:class:`TickEvent`, the buffer a tick's ``delta`` event is encoded into once, in its slot."""
 
 from __future__ import annotations
 
@@ -6,17 +7,19 @@ import asyncio
 import json
 import socket
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
 
+from subd.layout.cues import token_of
 from subd.types import CaptionState, Cue
 from subd.validate import check_range, from_mapping
 
 NS_PER_MS = 1_000_000
 HEARTBEAT = b": hb\n\n"
+TICK_EVENT_BYTES = 1024  # a tick event's buffer to start with (most are 200-600 bytes)
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,9 +90,107 @@ def delta_payload(state: CaptionState, w0: int, words: list[list[Any]],
     }
 
 
+def full_payload(state: CaptionState, latency_ns: int, w0: int, words: list[list[Any]],
+                 cues: list[list[Any]]) -> dict[str, Any]:
+    """A ``full`` resync event: the latest ``words`` (the first one's index ``w0``) and cues."""
+    return {
+        "type": "full",
+        "k": state.k,
+        "due_ns": state.due_ns,
+        "due_unix_ns": unix_ns(state.due_ns),
+        "audio_end_ns": state.audio_end_ns,
+        "latency_ns": latency_ns,
+        "w0": w0,
+        "words": words,
+        "tentative": state.tentative,
+        "cues": cues,
+        "fallback": state.fallback,
+        "degraded": state.degraded,
+    }
+
+
+def delta_rows(state: CaptionState) -> tuple[list[list[Any]], list[list[Any]]]:
+    """A tick's committed words and closed cues as a ``delta`` event carries them."""
+    words = [[w.text, w.start_ns, w.end_ns] for w in map(token_of, state.committed)]
+    return words, [cue_json(c) for c in state.cues if c.committed]  # laid out by the pipeline
+
+
+def _json(payload: Mapping[str, Any]) -> bytes:
+    return json.dumps(payload, separators=(",", ":"), ensure_ascii=False).encode()
+
+
 def encode_event(k: int, payload: Mapping[str, Any]) -> bytes:
-    data = json.dumps(payload, separators=(",", ":"), ensure_ascii=False)
-    return b"id: %d\ndata: %s\n\n" % (k, data.encode())
+    return b"id: %d\ndata: %s\n\n" % (k, _json(payload))
+
+
+class TickEvent:
+    """Tick k's ``delta`` event, encoded once (by the pipeline, at T(k) − prepare, into tick
+    k's slot) and written by every SSE sink of the channel.
+
+    The bytes are kept framed as one HTTP/1.1 chunk, ``<size>\\r\\n<event>\\r\\n``, in a
+    buffer made once: :attr:`framed` (HTTP/1.1 clients, fan-out workers) and :attr:`event`
+    (HTTP/1.0 clients, the replay history) are views of it, valid until the buffer is encoded
+    again (its slot's next tick, N ticks on): a sink that keeps bytes longer (the replay
+    history, a client's unsent backlog) copies them. The buffer grows only for an event longer
+    than any before it, by replacing it (a bytearray with views out cannot be resized, and
+    views still out keep the old one). ``w0`` is the channel's index of the tick's first
+    word, the same for every sink: the count of words published before the tick.
+    """
+
+    __slots__ = ("state", "w0", "words", "cues", "buffer", "n_encoded", "n_grown", "_view",
+                 "_start", "_stop", "_n")
+
+    def __init__(self, n_bytes: int = TICK_EVENT_BYTES) -> None:
+        self.buffer = bytearray(n_bytes)
+        self._view = memoryview(self.buffer)
+        self.n_encoded = 0  # ticks encoded into this buffer
+        self.n_grown = 0  # times the buffer was replaced by a larger one
+        self.clear()
+
+    def clear(self) -> None:
+        """Nothing held for a tick (the bytes stay: views handed out are still valid)."""
+        self.state: CaptionState | None = None
+        self.w0 = 0
+        self.words: Sequence[list[Any]] = ()  # no allocation: the ring calls this every tick
+        self.cues: Sequence[list[Any]] = ()
+        self._start = self._stop = self._n = 0
+
+    @property
+    def k(self) -> int:
+        return self.state.k if self.state is not None else -1
+
+    @property
+    def event(self) -> memoryview:
+        return self._view[self._start:self._stop]
+
+    @property
+    def framed(self) -> memoryview:
+        return self._view[:self._n]
+
+    def encode(self, state: CaptionState, w0: int) -> None:
+        """``state`` as a ``delta`` event whose first word has index ``w0``, byte for byte what
+        ``chunk(encode_event(...))`` makes."""
+        words, cues = delta_rows(state)
+        data = _json(delta_payload(state, w0, words, cues))
+        head = b"id: %d\ndata: " % state.k
+        n_event = len(head) + len(data) + 2
+        size = b"%x\r\n" % n_event
+        start = len(size)
+        n = start + n_event + 2
+        if n > len(self.buffer):
+            self.buffer = bytearray(max(n, 2 * len(self.buffer)))
+            self._view = memoryview(self.buffer)
+            self.n_grown += 1
+        buf = self.buffer  # slice assignments of equal length: never a resize
+        buf[:start] = size
+        i = start + len(head)
+        buf[start:i] = head
+        j = i + len(data)
+        buf[i:j] = data
+        buf[j:n] = b"\n\n\r\n"
+        self.state, self.w0, self.words, self.cues = state, w0, words, cues
+        self._start, self._stop, self._n = start, n - 2, n
+        self.n_encoded += 1
 
 
 def chunk(data: bytes) -> bytes:
