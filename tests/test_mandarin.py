@@ -1,21 +1,27 @@
-"""Mandarin end to end: espeak-ng's Mandarin voice reads a known sentence (Debian's code of
-conduct, as fortunes-zh ships it); the packaged multilingual base transcribes it offline
-(``subd transcribe --language zh``) and streams it with language "zh" and "auto".
+"""Mandarin end to end, on two kinds of speech:
 
-Character error rates are taken after opencc's traditional -> simplified mapping (Whisper
-writes either). espeak-ng's Mandarin is robotic and base is small, so the absolute figure is
-poor; what is asserted is what streaming must not lose: its CER within 2 points of offline
-transcription of the same audio with the same model, "auto" identifying Chinese, and cues that
-follow the CJK layout rules. No licensed recording of Mandarin speech was found in a Debian or
-PyPI package (see the issue's report), so synthetic speech is all there is here.
+* espeak-ng's Mandarin voice reading five sentences of Debian's code of conduct (as fortunes-zh
+  ships it, the Latin words left out): 100 characters, so one character is 1 point of CER;
+* three real AISHELL-1 test-set recordings (Apache 2.0, data/speech/SOURCES.md), 38 characters,
+  joined into one stream with 0.75 s of silence between them: one stream, not three, because
+  live speech comes as utterances with pauses, and what carries over a pause (the prompt, the
+  window moving on, the commit of a tail at a pause) is what a stream must get right.
+
+The packaged multilingual base transcribes each offline (``subd transcribe --language zh``) and
+streams it with language "zh" and "auto". Character error rates are taken after opencc's
+traditional -> simplified mapping (Whisper writes either). What is asserted is what streaming
+must not lose: its CER within 2 points of offline transcription of the same audio with the same
+model, "auto" identifying Chinese, and cues that follow the CJK layout rules.
 """
 
 from __future__ import annotations
 
+import csv
 import json
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pysrt
@@ -33,7 +39,18 @@ from subd.scoring.cer import cer, units
 from subd.scoring.punct import stream_hypotheses
 from subd.script import has_cjk, join_words
 
-TEXT = "在这种规模的项目中，很难避免遇到与你意见不和，或者难以合作的人。"
+SENTENCES = (
+    "在这种规模的项目中，很难避免遇到与你意见不和，或者难以合作的人。",
+    "请接受这一事实，并保持礼貌。",
+    "意见不一致并不是糟糕举止或者人身攻击的借口。",
+    "请始终假设其他人都在为这一目标而付诸努力。",
+    "我们之中的许多贡献者的母语并不是英语。",
+)
+TEXT = "".join(SENTENCES)
+SPEECH = Path(__file__).resolve().parent.parent / "data" / "speech"
+AISHELL = ("aishell-bac009s0764w0121.wav", "aishell-bac009s0764w0122.wav",
+           "aishell-bac009s0724w0121.wav")
+GAP_S = 0.75  # silence between the AISHELL utterances
 # espeak-ng's plain "cmn" voice reads Chinese characters as pinyin spelt out in English
 # ("hen3" -> "hen three"); its pinyin variant speaks the same language with Mandarin sounds
 VOICE = "cmn-latn-pinyin"
@@ -53,22 +70,51 @@ def mandarin_wav(tmp_path_factory) -> str:
     subprocess.run(["espeak-ng", "-v", VOICE, "-s", "150", "-w", str(d / "raw.wav"), TEXT],
                    check=True)
     out = d / "zh.wav"
-    subprocess.run(["sox", str(d / "raw.wav"), "-r", "16000", "-c", "1", str(out)],
+    # -D: no dither. sox dithers a 16-bit output with random noise, so each run heard other
+    # audio, and streaming on it came out anywhere from 58 to 72 % CER (offline 49-51 %)
+    subprocess.run(["sox", str(d / "raw.wav"), "-D", "-r", "16000", "-c", "1", str(out)],
                    check=True)
     return str(out)
 
 
-@pytest.fixture(scope="module")
-def offline(mandarin_wav, tmp_path_factory) -> dict:
-    d = tmp_path_factory.mktemp("offline")
+def transcribe_offline(wav: str, out_dir: Path) -> dict:
+    """``subd transcribe --language zh`` of ``wav``: the text, and the lines of its SRT."""
     for suffix in (".json", ".srt"):
-        subprocess.run([sys.executable, "-m", "subd.cli", "transcribe", mandarin_wav, "-o",
-                        str(d / f"zh{suffix}"), "--language", "zh", "--quiet", "--threads", "1"],
-                       check=True)
-    words = json.loads((d / "zh.json").read_text(encoding="utf-8"))["words"]
-    srt = [line for item in pysrt.open(str(d / "zh.srt"), encoding="utf-8")
+        subprocess.run([sys.executable, "-m", "subd.cli", "transcribe", wav, "-o",
+                        str(out_dir / f"zh{suffix}"), "--language", "zh", "--quiet",
+                        "--threads", "1"], check=True)
+    words = json.loads((out_dir / "zh.json").read_text(encoding="utf-8"))["words"]
+    srt = [line for item in pysrt.open(str(out_dir / "zh.srt"), encoding="utf-8")
            for line in item.text.split("\n")]
     return {"text": join_words([w["w"] for w in words]), "srt_lines": srt}
+
+
+@pytest.fixture(scope="module")
+def offline(mandarin_wav, tmp_path_factory) -> dict:
+    return transcribe_offline(mandarin_wav, tmp_path_factory.mktemp("offline"))
+
+
+@pytest.fixture(scope="module")
+def aishell(tmp_path_factory) -> dict:
+    """The three AISHELL-1 clips as one stream, their reference and its offline transcript."""
+    with open(SPEECH / "transcripts.tsv", encoding="utf-8", newline="") as f:
+        refs = {row["file"]: row["transcript"] for row in csv.DictReader(f, delimiter="\t")}
+    gap = np.zeros(int(GAP_S * 16000), np.float32)
+    parts = []
+    for name in AISHELL:
+        audio, rate = sf.read(SPEECH / name, dtype="float32")
+        assert rate == 16000 and audio.ndim == 1, name
+        parts += [gap, audio] if parts else [audio]
+    d = tmp_path_factory.mktemp("aishell")
+    wav = str(d / "aishell.wav")
+    sf.write(wav, np.concatenate(parts), 16000, subtype="PCM_16")
+    return {"wav": wav, "ref": "".join(refs[name] for name in AISHELL),
+            "offline": transcribe_offline(wav, d)}
+
+
+@pytest.fixture(scope="module")
+def espeak(mandarin_wav, offline) -> dict:
+    return {"wav": mandarin_wav, "ref": TEXT, "offline": offline}
 
 
 @pytest.fixture(scope="module")
@@ -85,26 +131,41 @@ def streamed(engine: WhisperEngine, audio: np.ndarray, language: str):
 def test_offline_transcript_is_chinese(offline):
     text = offline["text"]
     assert sum(has_cjk(u) for u in units(text)) >= 0.8 * len(units(TEXT)), text
-    assert cer(TEXT, simplified(text)) < 0.85  # robotic speech, small model: 65-80 % measured
+    assert cer(TEXT, simplified(text)) < 0.7  # robotic speech, small model: 53 % measured
     assert [f for line in offline["srt_lines"] for f in line_faults(line, 16)] == []
 
 
-@pytest.mark.xfail(strict=False, reason=(
-    "issue 20 acceptance not met on HEAD: the stream is 1 character of 29 worse than "
-    "transcribe (CER 0.759 vs 0.724 here, 0.724 vs 0.690 on a fresh clone); on one sentence "
-    "a character is 3.4 points, so this needs longer Mandarin audio and a streaming fix"))
-@pytest.mark.parametrize("language", ["zh", "auto"])
-def test_streamed_cer_within_2_points_of_transcribe(mandarin_wav, offline, engine, language):
-    audio, _ = sf.read(mandarin_wav, dtype="float32")
+# Issue 20's acceptance is not met on either speech. 3 runs, the same figures each time and for
+# "zh" and "auto": the stream is 9 characters of 100 worse on espeak-ng (CER 0.62 against
+# transcribe's 0.53) and 4 of 38 on AISHELL (0.158 against 0.053: 停制, "12" for 一二, 孙然).
+# Why: see issue 20 (most espeak-ng characters are committed by max_tentative_ms from a single
+# decode, no two decodes having agreed; on AISHELL near-tie characters are agreed on by decodes
+# of a half-heard utterance). Not strict: the figures move with the CPU's kernels, and a fix of
+# the commit policy should show up as a pass here, not as an error.
+NOT_MET = pytest.mark.xfail(strict=False, reason=(
+    "issue 20 acceptance not met: streaming base loses characters that offline transcription "
+    "gets (espeak-ng CER 0.62 vs 0.53, AISHELL 0.158 vs 0.053)"))
+
+
+@pytest.mark.parametrize(("speech", "language"), [
+    pytest.param(speech, language, marks=NOT_MET)
+    for speech in ("espeak", "aishell") for language in ("zh", "auto")])
+def test_streamed_cer_within_2_points_of_transcribe(request, engine, speech, language):
+    case = request.getfixturevalue(speech)
+    ref = case["ref"]
+    audio, _ = sf.read(case["wav"], dtype="float32")
     rec, hyps = streamed(engine, audio, language)
     assert rec.languages.language == "zh"  # "auto" identified Chinese on the first speech
     committed = [w for h in hyps for w in h.committed]
-    stream_cer = cer(TEXT, simplified(join_words([w.text for w in committed])))
-    offline_cer = cer(TEXT, simplified(offline["text"]))
-    print(f"CER {language}: stream {stream_cer:.3f}, transcribe {offline_cer:.3f}")
+    stream_text = simplified(join_words([w.text for w in committed]))
+    offline_text = simplified(case["offline"]["text"])
+    stream_cer, offline_cer = cer(ref, stream_text), cer(ref, offline_text)
+    print(f"\nCER {speech} {language}: stream {stream_cer:.3f}, transcribe {offline_cer:.3f}"
+          f" ({len(units(ref))} characters)\n  stream:     {stream_text}\n"
+          f"  transcribe: {offline_text}")
     assert stream_cer <= offline_cer + 0.02
     # words are characters (not one sentence-long "word"), committed in time order
-    assert len(committed) >= len(units(TEXT)) // 2
+    assert len(committed) >= len(units(ref)) // 2
     assert all(a.end_ns <= b.start_ns + 1 for a, b in zip(committed, committed[1:], strict=False))
     # the cues a viewer sees: tagged with the recogniser's marks, laid out by the CJK rules
     punct = PunctStream(ScriptTagger(PunctTagger.load()))
@@ -116,8 +177,9 @@ def test_streamed_cer_within_2_points_of_transcribe(mandarin_wav, offline, engin
     cues += layout.push(punct.flush().final, hyps[-1].audio_end_ns) + layout.finish()
     lines = [line for c in cues for line in c.lines]
     assert lines and [f for line in lines for f in line_faults(line, 16)] == []
-    assert "".join(lines).replace("，", "").replace("。", "") == \
-        join_words([w.text for w in committed]).translate(str.maketrans("", "", ",.，。 "))
+    # ... holding the committed text, marks and spaces aside ("12 线" may break as "12" / "线")
+    bare = str.maketrans("", "", ",.?!，。？！、 ")
+    assert "".join(lines).translate(bare) == join_words([w.text for w in committed]).translate(bare)
 
 
 def test_subd_stream_writes_chinese_cues(mandarin_wav, tmp_path):
