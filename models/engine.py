@@ -17,6 +17,7 @@ import torch
 
 from subd.kernels.mel import WINDOW_FRAMES, log_mel, pad_or_trim_frames
 from subd.models.alignment import WordTiming, align_words
+from subd.models.cache import load_cached
 from subd.models.decoding import DecodeOptions, DecodeResult, decode_window, detect_language
 from subd.models.loading import LoadedModel, load_model
 from subd.models.whisper import KVCache
@@ -100,10 +101,20 @@ class WhisperEngine:
         threads: int | None = None,
         quantize: bool = False,
         language: str = "en",
+        cache: bool = True,
     ) -> WhisperEngine:
-        loaded = load_model(model)
-        if quantize:
-            loaded = replace(loaded, model=quantize_linears(loaded.model))
+        """``cache``: through the converted-weights cache (models.cache), which makes a
+        respawned stage process's load a file read instead of a conversion."""
+
+        def build() -> LoadedModel:
+            loaded = load_model(model)
+            if not quantize:
+                return loaded
+            # in place: the float model is ours, and a copy of it cost 0.7 s
+            return replace(loaded, model=quantize_linears(loaded.model, inplace=True))
+
+        variant = "int8" if quantize else "fp32"
+        loaded = load_cached(model, variant, build) if cache else build()
         return cls(loaded, threads=threads or _default_threads(), language=language)
 
     def features(self, audio: np.ndarray) -> torch.Tensor:
@@ -296,8 +307,9 @@ def live_threads() -> int:
     return max(1, min(len(os.sched_getaffinity(0)) - 1, 8))
 
 
-def quantize_linears(model: torch.nn.Module) -> torch.nn.Module:
-    """Dynamic int8 quantisation of the Linear layers (CPU inference only).
+def quantize_linears(model: torch.nn.Module, *, inplace: bool = False) -> torch.nn.Module:
+    """Dynamic int8 quantisation of the Linear layers (CPU inference only); ``inplace``: the
+    given model's layers are swapped instead of a quantised copy being made.
 
     torch marks its quantised tensor types as deprecated; they are still the fastest int8 GEMM
     path on CPU in this release, so the warning is silenced here and nowhere else.
@@ -314,6 +326,7 @@ def quantize_linears(model: torch.nn.Module) -> torch.nn.Module:
             model = copy.copy(model)  # the caller's model stays as it was (as quantize_dynamic)
             model._modules = dict(model._modules)  # ... its own table of submodules
             model.decoder = torch.ao.quantization.quantize_dynamic(
-                model.decoder, {torch.nn.Linear}, dtype=torch.qint8)
+                model.decoder, {torch.nn.Linear}, dtype=torch.qint8, inplace=inplace)
             return model
-        return torch.ao.quantization.quantize_dynamic(model, {torch.nn.Linear}, dtype=torch.qint8)
+        return torch.ao.quantization.quantize_dynamic(model, {torch.nn.Linear}, dtype=torch.qint8,
+                                                      inplace=inplace)

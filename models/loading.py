@@ -352,6 +352,20 @@ def _load_hf_dir(path: Path) -> LoadedModel:
     )
 
 
+def source_files(name_or_path: str) -> list[Path]:
+    """The files a model is loaded from, unverified (models.cache keys on their stat)."""
+    if name_or_path in PACKAGED:
+        spec = PACKAGED[name_or_path]
+        return [_package_dir(p.package, spec.pip_name) / p.relpath
+                for p in (*spec.weights, spec.config, spec.tokenizer)]
+    path = Path(name_or_path)
+    if path.is_dir():
+        return sorted(p for p in path.iterdir() if p.is_file())
+    if path.is_file():
+        return [path]
+    raise ModelError(f"{name_or_path}: no such model")
+
+
 def load_model(name_or_path: str = "tiny.en") -> LoadedModel:
     """Load a packaged model by name (``tiny.en``, ``base``) or a model from a path."""
     if name_or_path in PACKAGED:

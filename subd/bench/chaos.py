@@ -2,7 +2,7 @@
 
 The daemon (``subd run``, real model, CRF tagger process, one SSE fan-out worker) runs two
 channels: ``file`` loops a LibriVox clip, ``push`` takes the same kind of speech over HTTP push
-at real time. Every ``--every-s`` (randomised ±30 %) one fault, in turn:
+at real time. Every ``--every-s`` (randomised ±30 %) one fault, in turn (``--kinds`` picks):
 
 * ``recogniser-kill`` / ``tagger-kill``: SIGKILL the stage process;
 * ``recogniser-hang``: SIGSTOP it (found hung, killed, respawned);
@@ -67,10 +67,24 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--every-s", type=float, default=40.0, help="mean time between faults")
     p.add_argument("--seed", type=int, default=18)
     p.add_argument("--keep", help="keep the work directory here (logs, files)")
-    p.add_argument("--no-spare", dest="spare", action="store_false",
-                   help="no spare stage processes ([recognizer] spare_process = false): a "
-                        "stage fault waits for a model load")
-    p.set_defaults(func=run)
+    p.add_argument("--kinds", type=kinds_arg, default=KINDS, metavar="KIND,...",
+                   help="inject only these kinds of fault, in turn (default: all): "
+                        + ", ".join(KINDS))
+    # the daemon's default (no spare): a stage fault waits for a model load
+    p.add_argument("--spare", dest="spare", action="store_true",
+                   help="a loaded spare process per stage ([recognizer] spare_process = true)")
+    p.add_argument("--no-spare", dest="spare", action="store_false", help=argparse.SUPPRESS)
+    p.set_defaults(func=run, spare=False)
+
+
+def kinds_arg(text: str) -> tuple[str, ...]:
+    kinds = tuple(k.strip() for k in text.split(",") if k.strip())
+    unknown = [k for k in kinds if k not in KINDS]
+    if unknown or not kinds:
+        raise argparse.ArgumentTypeError(
+            f"unknown fault kind {', '.join(unknown) or '(none given)'}; known: "
+            + ", ".join(KINDS))
+    return kinds
 
 
 class Chaos:
@@ -165,7 +179,7 @@ class Chaos:
                 self.later.remove((when, action))
                 action()
             if now >= next_fault:
-                self.inject(KINDS[i % len(KINDS)])
+                self.inject(self.args.kinds[i % len(self.args.kinds)])
                 i += 1
                 next_fault = now + self.args.every_s * self.rng.uniform(0.7, 1.3)
             if now - last_rss >= 10:

@@ -48,7 +48,9 @@ class StagePolicy:
     unmeasured_limit_ns: int = 120_000_000_000  # a kind of request not measured 3 times yet
     start_timeout_s: float = 300.0  # a respawn loads the model again
     # a loaded, idle second process takes over at once when the stage dies or hangs: an attach
-    # instead of a model load (12-30 s on the loaded 2-core machine), for one more model
+    # instead of a model load, for one more model (a respawn's load: 12-30 s when it converted
+    # the model in a fresh interpreter, 0.5-1.1 s forked from the fork server with the model
+    # cache, subd.workers.process and subd.models.cache, on the loaded 2-core machine)
     spare: bool = False
 
     def backoff_ns(self, n_consecutive: int) -> int:

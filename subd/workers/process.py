@@ -117,14 +117,41 @@ def _worker_main(conn: Connection, host_spec: FactorySpec, nice: int) -> None:
             pass
 
 
-class ProcessWorker:
-    """A stage host in its own process; one request in flight at a time."""
+# What the fork server imports once, so that a stage process forked from it starts with it:
+# ``import torch`` alone took 2-2.5 s of every (re)spawn on the loaded 2-core machine.
+FORKSERVER_PRELOAD = ("torch",)
 
-    def __init__(self, name: str, host_spec: FactorySpec, *, start_method: str = "spawn",
+
+def _context(start_method: str) -> mp.context.BaseContext:
+    ctx = mp.get_context(start_method)
+    if start_method == "forkserver":
+        # read when the server starts (at the first worker's start, a fresh interpreter with
+        # the daemon's environment then); it runs nothing but these imports, so a process
+        # forked from it inherits no thread and no torch thread pool
+        ctx.set_forkserver_preload(list(FORKSERVER_PRELOAD))
+    return ctx
+
+
+def _launch(proc: mp.process.BaseProcess, child: Connection) -> None:
+    try:
+        proc.start()
+    finally:
+        child.close()  # the child has its own copy now (or never will)
+
+
+class ProcessWorker:
+    """A stage host in its own process; one request in flight at a time.
+
+    ``start_method`` "forkserver" (the default): processes are forked from multiprocessing's
+    fork server, a clean process started once (the first worker's start) that has imported
+    ``FORKSERVER_PRELOAD``; a respawn then skips ``import torch``. "spawn": a fresh
+    interpreter each time."""
+
+    def __init__(self, name: str, host_spec: FactorySpec, *, start_method: str = "forkserver",
                  nice: int = 0) -> None:
         self.name = name
         self._spec = host_spec
-        self._ctx = mp.get_context(start_method)
+        self._ctx = _context(start_method)
         self._nice = nice
         self._conn: Connection | None = None
         self._proc: mp.process.BaseProcess | None = None
@@ -132,6 +159,7 @@ class ProcessWorker:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._dead = False
         self._ready = False
+        self._launching: asyncio.Future | None = None
         self.on_exit: Callable[[], None] | None = None  # called when a ready process dies
         self.busy_since_ns: int | None = None
 
@@ -143,12 +171,13 @@ class ProcessWorker:
         parent, child = self._ctx.Pipe(duplex=True)
         proc = self._ctx.Process(target=_worker_main, args=(child, self._spec, self._nice),
                                  name=f"subd-{self.name}", daemon=True)
-        try:
-            proc.start()
-        finally:
-            child.close()
         self._proc = proc
         self._conn = parent
+        # in a thread: the fork server's first start waits for its imports (seconds, and again
+        # if the server has to be started anew), which must not stall the event loop; a start
+        # that is cancelled still forks, and close() waits for it
+        self._launching = self._loop.run_in_executor(None, _launch, proc, child)
+        await asyncio.shield(self._launching)
         self._pending = self._loop.create_future()
         self._loop.add_reader(parent.fileno(), self._on_readable)
         try:
@@ -252,12 +281,17 @@ class ProcessWorker:
 
     async def close(self, timeout_s: float = 5.0) -> None:
         self._ready = False  # a process we stop is not a death
+        if self._launching is not None:  # a start that was cancelled: let it finish first
+            await asyncio.wait([self._launching])
+            self._launching = None
         if self._conn is not None:
             self._detach()
             try:
                 self._conn.send(None)
             except (OSError, ValueError):
                 pass
+        if self._proc is not None and self._proc.pid is None:
+            self._proc = None  # it never started
         if self._proc is not None:
             proc = self._proc
             loop = asyncio.get_running_loop()
