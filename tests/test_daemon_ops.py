@@ -90,12 +90,23 @@ def test_notify_messages_arrive_on_the_socket(daemon):
 
 
 def test_worker_processes_cannot_notify_on_the_daemons_behalf(daemon):
-    children = Path(f"/proc/{daemon.proc.pid}/task/{daemon.proc.pid}/children")
-    if not children.exists():
+    if not Path(f"/proc/{daemon.proc.pid}/task/{daemon.proc.pid}/children").exists():
         pytest.skip("no /proc children list on this kernel")
-    pids = children.read_text().split()
-    workers = [p for p in pids if b"spawn_main" in Path(f"/proc/{p}/cmdline").read_bytes()]
-    assert workers  # the recogniser process (and the resource tracker)
+    # stage processes are forked from multiprocessing's fork server, a child of the daemon
+    # (started from a worker thread)
+    pids, todo = [], [str(daemon.proc.pid)]
+    while todo:
+        pid = todo.pop()
+        new = []  # a child is listed under the thread that started it
+        for task in Path(f"/proc/{pid}/task").glob("*/children"):
+            try:
+                new += task.read_text().split()
+            except OSError:
+                continue  # the thread ended
+        pids += new
+        todo += new
+    workers = [p for p in pids if b"multiprocessing" in Path(f"/proc/{p}/cmdline").read_bytes()]
+    assert len(workers) >= 2  # the fork server and the stage processes forked from it
     for pid in workers:
         env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
         assert not any(v.startswith((b"NOTIFY_SOCKET=", b"WATCHDOG_USEC=")) for v in env)
