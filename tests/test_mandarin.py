@@ -128,6 +128,23 @@ def streamed(engine: WhisperEngine, audio: np.ndarray, language: str):
     return rec, hyps
 
 
+@pytest.fixture(scope="module")
+def streams(request, engine):
+    """One streaming run per (speech, language), shared by the layout and the CER tests."""
+    runs: dict[tuple[str, str], tuple] = {}
+
+    def run(speech: str, language: str) -> tuple[dict, StreamingRecognizer, list]:
+        if (speech, language) not in runs:
+            case = request.getfixturevalue(speech)
+            audio, _ = sf.read(case["wav"], dtype="float32")
+            runs[speech, language] = (case, *streamed(engine, audio, language))
+        return runs[speech, language]
+    return run
+
+
+CASES = [(speech, language) for speech in ("espeak", "aishell") for language in ("zh", "auto")]
+
+
 def test_offline_transcript_is_chinese(offline):
     text = offline["text"]
     assert sum(has_cjk(u) for u in units(text)) >= 0.8 * len(units(TEXT)), text
@@ -138,34 +155,24 @@ def test_offline_transcript_is_chinese(offline):
 # Issue 20's acceptance is not met on either speech. 3 runs, the same figures each time and for
 # "zh" and "auto": the stream is 9 characters of 100 worse on espeak-ng (CER 0.62 against
 # transcribe's 0.53) and 4 of 38 on AISHELL (0.158 against 0.053: 停制, "12" for 一二, 孙然).
-# Why: see issue 20 (most espeak-ng characters are committed by max_tentative_ms from a single
-# decode, no two decodes having agreed; on AISHELL near-tie characters are agreed on by decodes
-# of a half-heard utterance). Not strict: the figures move with the CPU's kernels, and a fix of
-# the commit policy should show up as a pass here, not as an error.
+# Measured causes: espeak-ng sentence by sentence, stream and offline are equal (0.70 / 0.71);
+# offline's 30 s windows hold several sentences, which base needs for this voice, while a
+# stream's window starts again after every pause. On AISHELL, 制 and 孙 are near-ties that two
+# decodes of a half-heard utterance agree on (also when each clip streams alone), and "12" comes
+# from the previous utterance's text as context (each clip alone gives 一二线). Not strict: the
+# figures move with the CPU's kernels, and a fix should show up as a pass, not as an error.
 NOT_MET = pytest.mark.xfail(strict=False, reason=(
     "issue 20 acceptance not met: streaming base loses characters that offline transcription "
     "gets (espeak-ng CER 0.62 vs 0.53, AISHELL 0.158 vs 0.053)"))
 
 
-@pytest.mark.parametrize(("speech", "language"), [
-    pytest.param(speech, language, marks=NOT_MET)
-    for speech in ("espeak", "aishell") for language in ("zh", "auto")])
-def test_streamed_cer_within_2_points_of_transcribe(request, engine, speech, language):
-    case = request.getfixturevalue(speech)
-    ref = case["ref"]
-    audio, _ = sf.read(case["wav"], dtype="float32")
-    rec, hyps = streamed(engine, audio, language)
+@pytest.mark.parametrize(("speech", "language"), CASES)
+def test_streamed_cues_follow_cjk_layout(streams, speech, language):
+    case, rec, hyps = streams(speech, language)
     assert rec.languages.language == "zh"  # "auto" identified Chinese on the first speech
     committed = [w for h in hyps for w in h.committed]
-    stream_text = simplified(join_words([w.text for w in committed]))
-    offline_text = simplified(case["offline"]["text"])
-    stream_cer, offline_cer = cer(ref, stream_text), cer(ref, offline_text)
-    print(f"\nCER {speech} {language}: stream {stream_cer:.3f}, transcribe {offline_cer:.3f}"
-          f" ({len(units(ref))} characters)\n  stream:     {stream_text}\n"
-          f"  transcribe: {offline_text}")
-    assert stream_cer <= offline_cer + 0.02
     # words are characters (not one sentence-long "word"), committed in time order
-    assert len(committed) >= len(units(ref)) // 2
+    assert len(committed) >= len(units(case["ref"])) // 2
     assert all(a.end_ns <= b.start_ns + 1 for a, b in zip(committed, committed[1:], strict=False))
     # the cues a viewer sees: tagged with the recogniser's marks, laid out by the CJK rules
     punct = PunctStream(ScriptTagger(PunctTagger.load()))
@@ -180,6 +187,20 @@ def test_streamed_cer_within_2_points_of_transcribe(request, engine, speech, lan
     # ... holding the committed text, marks and spaces aside ("12 线" may break as "12" / "线")
     bare = str.maketrans("", "", ",.?!，。？！、 ")
     assert "".join(lines).translate(bare) == join_words([w.text for w in committed]).translate(bare)
+
+
+@pytest.mark.parametrize(("speech", "language"), [
+    pytest.param(speech, language, marks=NOT_MET) for speech, language in CASES])
+def test_streamed_cer_within_2_points_of_transcribe(streams, speech, language):
+    case, _, hyps = streams(speech, language)
+    ref = case["ref"]
+    stream_text = simplified(join_words([w.text for h in hyps for w in h.committed]))
+    offline_text = simplified(case["offline"]["text"])
+    stream_cer, offline_cer = cer(ref, stream_text), cer(ref, offline_text)
+    print(f"\nCER {speech} {language}: stream {stream_cer:.3f}, transcribe {offline_cer:.3f}"
+          f" ({len(units(ref))} characters)\n  stream:     {stream_text}\n"
+          f"  transcribe: {offline_text}")
+    assert stream_cer <= offline_cer + 0.02
 
 
 def test_subd_stream_writes_chinese_cues(mandarin_wav, tmp_path):
