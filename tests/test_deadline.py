@@ -343,3 +343,21 @@ def test_a_looped_phrase_timed_past_the_audio_is_not_speech():
     real = words(("Five,", 1.0, 1.4), ("five.", 1.6, 2.0), ("Eight", 2.5, 2.9))
     assert stacked_tail_cut(real, 3_000 * MS) == real
     assert stacked_tail_cut(real, 2_930 * MS) == real  # one word at the very end: kept
+
+
+def test_the_encoder_span_does_not_flap_when_the_cost_wavers():
+    """Near the threshold (D = 2 s, the full input's cost moving 0.45-0.58 s with the load) the
+    planner stays on the full input; it leaves it when the cost really grows."""
+    from subd.pipeline.deadline import UpdatePlan, UpdatePlanner
+
+    planner = UpdatePlanner("auto")
+    grid = TickGrid.create("30", T0_NS, 2000, 150)
+    chosen = []
+    for i in range(60):
+        plan = planner.plan(grid, T0_NS + i * 500 * MS)
+        chosen.append(plan.full_span)
+        full_cost = (450 if (i + 1) % 3 else 580) if i < 40 else 900
+        planner.record(plan, (full_cost if plan.full_span else 130) * MS)
+    assert all(chosen[2:40])  # after the two first measurements
+    assert not any(chosen[45:])
+    assert isinstance(plan, UpdatePlan)
