@@ -157,10 +157,11 @@ def test_offline_transcript_is_chinese(offline):
 # transcribe's 0.53) and 4 of 38 on AISHELL (0.158 against 0.053: 停制, "12" for 一二, 孙然).
 # Measured causes: espeak-ng sentence by sentence, stream and offline are equal (0.70 / 0.71);
 # offline's 30 s windows hold several sentences, which base needs for this voice, while a
-# stream's window starts again after every pause. On AISHELL, 制 and 孙 are near-ties that two
-# decodes of a half-heard utterance agree on (also when each clip streams alone), and "12" comes
-# from the previous utterance's text as context (each clip alone gives 一二线). Not strict: the
-# figures move with the CPU's kernels, and a fix should show up as a pass, not as an error.
+# stream commits each character from decodes that end 0.2-1.2 s after it. On AISHELL, 制 and 孙
+# are near-ties that two decodes of a half-heard utterance agree on (also when each clip streams
+# alone), and "12" comes from the previous utterance's text as context (each clip alone gives
+# 一二线). Not strict: the figures move with the CPU's kernels, and a fix should show up as a
+# pass, not as an error.
 NOT_MET = pytest.mark.xfail(strict=False, reason=(
     "issue 20 acceptance not met: streaming base loses characters that offline transcription "
     "gets (espeak-ng CER 0.62 vs 0.53, AISHELL 0.158 vs 0.053)"))
