@@ -24,20 +24,22 @@ T = TypeVar("T")
 _live: set[asyncio.Task[Any]] = set()  # started here and not ended yet (any event loop)
 
 
-def start_task(coro: Coroutine[Any, Any, T], name: str) -> asyncio.Task[T]:
-    """Run ``coro`` as a task named ``name`` on the running loop; its failure is logged."""
+def start_task(coro: Coroutine[Any, Any, T], name: str,
+               expected: tuple[type[BaseException], ...] = ()) -> asyncio.Task[T]:
+    """Run ``coro`` as a task named ``name`` on the running loop; its failure is logged, unless
+    it is one of the ``expected`` exceptions, which whoever awaits the task handles."""
     task = asyncio.get_running_loop().create_task(coro, name=name)
     _live.add(task)
-    task.add_done_callback(_ended)
+    task.add_done_callback(lambda t: _ended(t, expected))
     return task
 
 
-def _ended(task: asyncio.Task[Any]) -> None:
+def _ended(task: asyncio.Task[Any], expected: tuple[type[BaseException], ...] = ()) -> None:
     _live.discard(task)
     if task.cancelled():
         return
     exc = task.exception()  # retrieved here: asyncio never reports it as "never retrieved"
-    if exc is None:
+    if exc is None or isinstance(exc, expected):
         return
     text = " ".join(str(exc).split())
     line = f"{type(exc).__name__}: {text}" if text else type(exc).__name__

@@ -252,6 +252,28 @@ def test_a_task_is_named_its_failure_logged_and_it_is_cancelled_at_shutdown(capl
     assert left == ["house:sleep"] and cancelled
 
 
+def test_an_expected_failure_is_the_awaiters_and_not_logged(caplog):
+    """A stage call's StageDown is handled by its caller: the task does not log it as a
+    failure (every respawn logged "task call:recognise failed: StageDown")."""
+    from subd.service.stages import StageDown
+    from subd.tasks import start_task
+
+    async def down() -> None:
+        raise StageDown("recognise stage is restarting")
+
+    async def main() -> str:
+        task = start_task(down(), "call:recognise", expected=(StageDown,))
+        try:
+            await task
+        except StageDown as exc:
+            return str(exc)
+        return ""
+
+    with caplog.at_level(logging.INFO, logger="subd.tasks"):
+        assert asyncio.run(main()) == "recognise stage is restarting"
+    assert "failed" not in caplog.text
+
+
 # ---- one copy of the audio ------------------------------------------------------------------
 
 

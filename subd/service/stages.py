@@ -214,8 +214,10 @@ class SharedWorker:
 
     async def _call(self, request: Any, now_ns: int = 0) -> Any:
         await self._lock.acquire()
-        # not a named task: StageDown, its expected failure, is the caller's to handle
-        task = start_task(self._answer(request, now_ns), f"call:{self.name}")
+        # StageDown, its expected failure, is the caller's to handle (and to log): not an error
+        # of the task (it logged "task call:recognise failed: StageDown" at every respawn)
+        task = start_task(self._answer(request, now_ns), f"call:{self.name}",
+                          expected=(StageDown,))
 
         def done(t: asyncio.Future) -> None:
             self._lock.release()
