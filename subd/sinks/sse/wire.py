@@ -75,38 +75,22 @@ def delta_payload(state: CaptionState, w0: int, words: list[list[Any]],
                   cues: list[list[Any]]) -> dict[str, Any]:
     """A ``delta`` event: ``due_ns`` on the writing host's monotonic clock, ``due_unix_ns`` the
     same instant on CLOCK_REALTIME (what an edge on another machine releases it by)."""
-    return {
-        "type": "delta",
-        "k": state.k,
-        "due_ns": state.due_ns,
-        "due_unix_ns": unix_ns(state.due_ns),
-        "audio_end_ns": state.audio_end_ns,
-        "w0": w0,
-        "words": words,
-        "tentative": state.tentative,
-        "cues": cues,
-        "fallback": state.fallback,
-        "degraded": state.degraded,
-    }
+    return _payload("delta", state, {}, w0, words, cues)
 
 
 def full_payload(state: CaptionState, latency_ns: int, w0: int, words: list[list[Any]],
                  cues: list[list[Any]]) -> dict[str, Any]:
     """A ``full`` resync event: the latest ``words`` (the first one's index ``w0``) and cues."""
-    return {
-        "type": "full",
-        "k": state.k,
-        "due_ns": state.due_ns,
-        "due_unix_ns": unix_ns(state.due_ns),
-        "audio_end_ns": state.audio_end_ns,
-        "latency_ns": latency_ns,
-        "w0": w0,
-        "words": words,
-        "tentative": state.tentative,
-        "cues": cues,
-        "fallback": state.fallback,
-        "degraded": state.degraded,
-    }
+    return _payload("full", state, {"latency_ns": latency_ns}, w0, words, cues)
+
+
+def _payload(kind: str, state: CaptionState, extra: dict[str, Any], w0: int,
+             words: list[list[Any]], cues: list[list[Any]]) -> dict[str, Any]:
+    # the keys' order is the wire format's (clients and edges may compare bytes)
+    return {"type": kind, "k": state.k, "due_ns": state.due_ns,
+            "due_unix_ns": unix_ns(state.due_ns), "audio_end_ns": state.audio_end_ns, **extra,
+            "w0": w0, "words": words, "tentative": state.tentative, "cues": cues,
+            "fallback": state.fallback, "degraded": state.degraded}
 
 
 def delta_rows(state: CaptionState) -> tuple[list[list[Any]], list[list[Any]]]:
