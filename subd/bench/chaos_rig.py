@@ -166,6 +166,8 @@ class Notify:
 
     def __post_init__(self) -> None:
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        # a --keep directory of an earlier run still holds its socket file (bind: EADDRINUSE)
+        self.path.unlink(missing_ok=True)
         self.sock.bind(str(self.path))
         self.sock.settimeout(0.2)
         self._stop = threading.Event()
