@@ -164,7 +164,11 @@ def stacked_tail_cut(words: list[Word], end_ns: int) -> list[Word]:
     timed at the window's very end or stacked at one instant before a real word. Two words
     cannot both end within ``STACKED_END_MS`` of the audio end, nor two words of no duration
     at the same instant: the first of each such run is kept (it may be a real word, cut
-    short) unless the word after the run repeats it, the rest are not speech."""
+    short) unless the word after the run repeats it, the rest are not speech.
+
+    Deadline mode only: under agreement a copy is never heard out, so it never commits, and the
+    CRF read a loop's repeated sentence start as right context (subd bench punct-e2e, driven
+    alone: sentence F1 0.44 with the loops in the tentative tail, 0.35 without)."""
     near = end_ns - STACKED_END_MS * NS_PER_MS
     i = len(words)
     while i > 0 and words[i - 1].end_ns >= near:

@@ -89,10 +89,8 @@ class StreamingConfig:
     # Deadline mode: a pause of pause_commit_ms after the last word commits the tail too (its
     # text; the tagger still decides its punctuation at the deadline)
     deadline_pause_commit: bool = False
-    # A word Whisper is sure of, heard out well before the audio end and followed by another
-    # word of the same hypothesis (which bounds its end time), can commit on its first decode:
-    # one update of latency less. Off by default: at 300 ms / 0.8 it cut the median committed
-    # latency by 0.06-0.26 s in simulation but flipped a LibriVox word at one update step.
+    # A word Whisper is sure of (heard out, another word after it) may commit on its first
+    # decode. Off: at 300 ms / 0.8 it flipped a LibriVox word at one update step.
     confident_guard_ms: int = 300
     confident_min_probability: float = 1.0  # 1.0 turns single-decode commits off
     trim_after_ms: int = 6000  # committed audio kept in the window before trimming
@@ -169,6 +167,7 @@ class StreamingRecognizer:
         self.n_decodes = 0
         self.n_capped = 0  # decodes stopped by the window's token budget
         self.n_forced_cuts = 0
+        self.deadline_mode = False  # the pipeline gives deadlines (update's commit_until_ns)
 
     # -- input -----------------------------------------------------------------------------
 
@@ -221,6 +220,7 @@ class StreamingRecognizer:
             return self._on_silence(end)
         if self.languages.resolve(window, self.vad) is None:
             return self._hypothesis([])  # "auto": more speech before the language is named
+        self.deadline_mode |= commit_until_ns is not None
         words = self._decode(window, FULL_SPAN if full_span else None)
         newly = self._commit(words, end, commit_until_ns)
         newly += self._trim(end, pause_commit=commit_until_ns is None
@@ -263,8 +263,7 @@ class StreamingRecognizer:
         before = [w for w in st.committed[-PROMPT_WORDS:] if w.end_ns <= window_start_ns]
         if before:
             prompt = self.engine.tokenizer.encode(prompt_text([w.text for w in before]))
-        # words committed inside the window are forced as a prefix: decoded in one pass instead
-        # of one step each, so an update decodes only the unconfirmed tail
+        # words committed inside the window are forced as a prefix: only the tail is decoded
         inside = [w for w in st.committed if w.start_ns >= window_start_ns]
         prefix: tuple[int, ...] = ()
         if inside and self.config.force_committed_prefix:
@@ -295,8 +294,10 @@ class StreamingRecognizer:
                     probability=w.probability,
                 )
             )
-        end_ns = offset_ns + samples_to_ns(len(window))
-        return self._after_commit_point(stacked_tail_cut(words, end_ns),
+        # deadline mode takes due words from one hypothesis, looped copies too (see commit.py)
+        if self.deadline_mode:
+            words = stacked_tail_cut(words, offset_ns + samples_to_ns(len(window)))
+        return self._after_commit_point(words,
                                         forced=result.prefix_used)
 
     def _speech_after_commit_point(self) -> bool:
