@@ -71,7 +71,6 @@ class UpdatePlanner:
         self._costs = {kind: collections.deque(maxlen=UPDATE_COSTS_KEPT)
                        for kind in (False, True)}
         self.n_full = 0
-        self.n_cut = 0
         self._last_used = {False: -PROBE_EVERY, True: -PROBE_EVERY}  # plan number
         self._n_plans = 0
         self._on_full = False  # the last choice that was not a probe
@@ -91,7 +90,6 @@ class UpdatePlanner:
         self._n_plans += 1
         self._last_used[full] = self._n_plans
         self.n_full += full
-        self.n_cut += not full
         cost = self.cost_ns(full)
         # the next result is in one update cost after this one's, or after the audio for the
         # next update has arrived

@@ -84,8 +84,6 @@ class RecogniseResult:
 
 
 class RecogniserHost:
-    _deadline_aware: bool | None = None  # whether the recogniser takes deadlines (first call)
-    _span_aware: bool | None = None  # ... and the encoder span
 
     def __init__(self, recognizer: FactorySpec, history_capacity: int,
                  history_name: str | None = None, history: AudioHistory | None = None,
@@ -104,6 +102,10 @@ class RecogniserHost:
         start_at = getattr(self.recognizer, "start_at", None)
         if start_sample and start_at is not None:
             start_at(start_sample)
+        # what its ``update`` takes (a plugged-in recogniser may take neither: it then commits
+        # by its own policy, on its own span)
+        self.takes_deadline = accepts(self.recognizer.update, "commit_until_ns")
+        self.takes_span = accepts(self.recognizer.update, "full_span")
 
     def _accept_until(self, end_sample: int) -> int:
         lost = 0
@@ -128,26 +130,14 @@ class RecogniserHost:
         lost = self._accept_until(request.end_sample)
         if isinstance(request, FinishRequest):
             hyp = self.recognizer.finish()
-        elif request.commit_until_ns is not None and self._takes_deadline():
-            span = {"full_span": True} if request.full_span and self._takes_span() else {}
+        elif request.commit_until_ns is not None and self.takes_deadline:
+            span = {"full_span": True} if request.full_span and self.takes_span else {}
             hyp = self.recognizer.update(commit_until_ns=request.commit_until_ns, **span)
         else:
             hyp = self.recognizer.update()
         decoded = n_decodes is None or self.recognizer.n_decodes != n_decodes
         return RecogniseResult(hyp, self.accepted_sample, time.monotonic_ns() - t_ns, lost,
                                decoded)
-
-    def _takes_deadline(self) -> bool:
-        """Whether the recogniser's ``update`` takes ``commit_until_ns`` (a plugged-in
-        recogniser may not: it then commits by its own policy)."""
-        if self._deadline_aware is None:
-            self._deadline_aware = accepts(self.recognizer.update, "commit_until_ns")
-        return self._deadline_aware
-
-    def _takes_span(self) -> bool:
-        if self._span_aware is None:
-            self._span_aware = accepts(self.recognizer.update, "full_span")
-        return self._span_aware
 
     def close(self) -> None:
         self.history.close()
