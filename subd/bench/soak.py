@@ -55,6 +55,8 @@ def p95(values: list[tuple[int, float]], since: int) -> float:
 
 async def soak(args: argparse.Namespace, audio: np.ndarray) -> list[dict]:
     from subd.history import AudioHistory
+    from subd.pipeline.deadline import UpdatePlanner
+    from subd.pipeline.ticks import TickGrid
     from subd.service.daemon import recognizer_spec
     from subd.types import SAMPLE_RATE_HZ
     from subd.workers.hosts import (
@@ -90,7 +92,9 @@ async def soak(args: argparse.Namespace, audio: np.ndarray) -> list[dict]:
     next_mark = first_mark
     n_tagged = 0
     tagging: asyncio.Future | None = None  # the tag pass in flight (overlaps the next update)
-    last_compute_ms = 400.0
+    # the daemon's planner decides each update's deadline; unpaced, "now" is the audio fed
+    planner = UpdatePlanner(args.span, args.step_ms)
+    grid = TickGrid.create("30", 0, args.latency_ms, 150) if args.latency_ms else None
     t_start = time.monotonic()
     while fed < total:
         end = min(total, fed + step)
@@ -100,15 +104,13 @@ async def soak(args: argparse.Namespace, audio: np.ndarray) -> list[dict]:
             history.write(a, audio[pos:pos + n])
         fed = end
         final = fed >= total
-        until = None
-        if args.latency_ms:  # subd.pipeline.deadline: A = 150 ms, two update costs, a margin
-            until = max(0, fed * 62_500 - (args.latency_ms - 150 - 30) * 1_000_000
-                        + 2 * int(last_compute_ms * 1e6))
+        plan = planner.plan(grid, fed * 62_500) if args.latency_ms and not final else None
         result = await rec.call(FinishRequest(fed) if final else UpdateRequest(
-            fed, until, full_span=args.span == "full"))
+            fed, plan and plan.commit_until_ns, full_span=bool(plan and plan.full_span)))
+        if plan is not None and result.decoded:
+            planner.record(plan, result.duration_ns)
         hyp = result.hypothesis
         compute_ms = result.duration_ns / 1e6
-        last_compute_ms = compute_ms
         for w in hyp.committed:
             timeline_ms = (fed * 62_500 - w.end_ns) / 1e6
             audio_lat.append((fed, timeline_ms))
