@@ -10,7 +10,7 @@ own remainder (DTW ends are often early), not a new word.
 
 from __future__ import annotations
 
-from subd.recognise.vad import VoiceActivityDetector, regions_from_mask
+from subd.recognise.vad import VoiceActivityDetector
 from subd.types import SAMPLE_RATE_HZ
 
 # speech after the last word is 60 ms of voiced frames (a word onset, a short word); bursts
@@ -34,11 +34,16 @@ def settled_end(vad: VoiceActivityDetector | None, audio, window_start: int,
     return end if onset is None else onset
 
 
+def has_speech(vad: VoiceActivityDetector, audio, first: int, end: int) -> bool:
+    """Any VAD speech region in samples [first, end) of the stream ``audio``? (The stream's
+    frames are analysed once: VoiceActivityDetector.regions_at.)"""
+    return first < end and bool(vad.regions_at(audio, first, end))
+
+
 def speech_onset(vad: VoiceActivityDetector, audio, first: int, end: int) -> int | None:
     """First sample of speech in [first, end) (a short burst at ``first`` skipped)."""
-    mask = vad.speech_mask(audio.read(first, end))
-    regions = regions_from_mask(
-        mask, n_samples=end - first, min_speech_ms=SETTLE_MIN_SPEECH_MS,
+    regions = vad.regions_at(
+        audio, first, end, min_speech_ms=SETTLE_MIN_SPEECH_MS,
         min_silence_ms=SETTLE_JOIN_MS, pad_ms=SETTLE_PAD_MS,
         min_voiced_run_ms=SETTLE_MIN_SPEECH_MS,
     )

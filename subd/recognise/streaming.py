@@ -46,7 +46,7 @@ from subd.models.engine import (
 from subd.models.words import prompt_text
 from subd.recognise.commit import after_commit_point, decide, stacked_tail_cut
 from subd.recognise.language import LanguageTracker
-from subd.recognise.settle import settled_end
+from subd.recognise.settle import has_speech, settled_end
 from subd.recognise.vad import VoiceActivityDetector
 from subd.types import SAMPLE_RATE_HZ, AudioChunk, Hypothesis, Word, ns_to_samples, samples_to_ns
 from subd.validate import check_choice, check_range
@@ -216,7 +216,7 @@ class StreamingRecognizer:
         st.last_decode_end = end
         st.window_start = max(st.window_start, end - WINDOW_SAMPLES, self.audio.start_sample)
         window = self.audio.read(st.window_start, end)
-        if self.vad is not None and not self._has_speech(window):
+        if self.vad is not None and not self._has_speech(st.window_start, end):
             return self._on_silence(end)
         if self.languages.resolve(window, self.vad) is None:
             return self._hypothesis([])  # "auto": more speech before the language is named
@@ -235,7 +235,7 @@ class StreamingRecognizer:
         newly: list[Word] = []
         if end > st.window_start:
             window = self.audio.read(st.window_start, end)
-            if self.vad is None or self._has_speech(window):
+            if self.vad is None or self._has_speech(st.window_start, end):
                 # Whisper's full 30 s input: this decode commits without a second opinion,
                 # and a window cut 2 s after the audio invents words at the end of a stream
                 # ("... comments tonight. And")
@@ -251,8 +251,9 @@ class StreamingRecognizer:
 
     # -- internals -------------------------------------------------------------------------
 
-    def _has_speech(self, window: np.ndarray) -> bool:
-        return bool(self.vad.speech_regions(window))
+    def _has_speech(self, first: int, end: int) -> bool:
+        """Speech in samples [first, end)? (each frame analysed once: subd.recognise.settle)"""
+        return has_speech(self.vad, self.audio, first, end)
 
     def _decode(self, window: np.ndarray, span: EncoderSpan | None = None) -> list[Word]:
         st = self.state
@@ -306,7 +307,7 @@ class StreamingRecognizer:
         if self.vad is None:
             return True
         end = self.audio.end_sample
-        return first < end and self._has_speech(self.audio.read(first, end))
+        return self._has_speech(first, end)
 
     def _after_commit_point(self, words: list[Word], forced: bool = False) -> list[Word]:
         """Drop hypothesis words that re-state committed audio (subd.recognise.commit)."""
@@ -375,9 +376,9 @@ class StreamingRecognizer:
         if pause_commit and self.vad is not None and st.previous:
             # a pause after the last hypothesis word: the utterance has ended
             last_end = ns_to_samples(st.previous[-1].end_ns)
-            tail = self.audio.read(max(last_end, st.window_start), end) if last_end < end else None
+            first = max(last_end, st.window_start)
             pause = c.pause_commit_ms * SAMPLE_RATE_HZ // 1000
-            if tail is not None and tail.shape[0] >= pause and not self._has_speech(tail):
+            if last_end < end and end - first >= pause and not self._has_speech(first, end):
                 newly = self._take(st.previous)
                 st.previous = []
                 return newly

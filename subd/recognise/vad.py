@@ -92,6 +92,7 @@ class VoiceActivityDetector:
         self.energy_floor_dbfs = float(energy_floor_dbfs)
         self.max_flatness = float(max_flatness)
         self.min_voiced_run_ms = _check_ms("min_voiced_run_ms", min_voiced_run_ms)
+        self._stream: StreamFrames | None = None  # regions_at's cache (one stream)
 
     def speech_mask(self, audio: np.ndarray) -> np.ndarray:
         """bool [n_frames]: frame i covers samples [480 i, 480 (i+1)); the last is zero-padded."""
@@ -103,17 +104,41 @@ class VoiceActivityDetector:
         vad = webrtcvad.Vad(self.aggressiveness)
         for first in range(0, n_frames, _CHUNK_FRAMES):
             last = min(n_frames, first + _CHUNK_FRAMES)
-            chunk = x[first * FRAME_SAMPLES : last * FRAME_SAMPLES]
-            frames = np.zeros((last - first, FRAME_SAMPLES), dtype=np.float32)
-            frames.reshape(-1)[: chunk.shape[0]] = chunk
-            loud = frame_rms_dbfs(frames) >= self.energy_floor_dbfs
-            candidate = loud & (frame_flatness(frames) <= self.max_flatness)
-            pcm = (np.clip(frames, -1.0, 1.0) * 32767.0).astype("<i2")
-            for i in range(frames.shape[0]):
-                # Every frame goes through webrtcvad so that its noise model keeps adapting.
-                voiced = vad.is_speech(pcm[i].tobytes(), SAMPLE_RATE_HZ)
-                mask[first + i] = voiced and candidate[i]
+            mask[first:last] = self._frames_mask(vad, x[first * FRAME_SAMPLES :
+                                                        last * FRAME_SAMPLES], last - first)
         return mask
+
+    def _frames_mask(self, vad: webrtcvad.Vad, x: np.ndarray, n_frames: int) -> np.ndarray:
+        """The decisions on ``n_frames`` frames of ``x`` (zero-padded), continuing ``vad``."""
+        frames = np.zeros((n_frames, FRAME_SAMPLES), dtype=np.float32)
+        frames.reshape(-1)[: x.shape[0]] = x
+        loud = frame_rms_dbfs(frames) >= self.energy_floor_dbfs
+        candidate = loud & (frame_flatness(frames) <= self.max_flatness)
+        pcm = (np.clip(frames, -1.0, 1.0) * 32767.0).astype("<i2")
+        is_speech = vad.is_speech
+        out = np.zeros(n_frames, dtype=bool)
+        for i in range(n_frames):
+            # Every frame goes through webrtcvad so that its noise model keeps adapting.
+            out[i] = is_speech(pcm[i].tobytes(), SAMPLE_RATE_HZ) and candidate[i]
+        return out
+
+    def regions_at(self, audio, first: int, end: int, *, min_speech_ms: float = 250.0,
+                   min_silence_ms: float = 300.0, pad_ms: float = 90.0,
+                   min_voiced_run_ms: float | None = None) -> list[tuple[int, int]]:
+        """Speech in samples [first, end) of a stream ``audio`` (``read(first, end)``,
+        ``start_sample``; what is written there never changes), as [start, end) ranges
+        relative to ``first``, like :meth:`speech_regions` of ``audio.read(first, end)``.
+
+        The frame decisions come from this detector's cache of the stream's frames
+        (:class:`StreamFrames`): a frame is analysed once, however many updates read it."""
+        if self._stream is None or self._stream.audio is not audio:
+            self._stream = StreamFrames(self, audio)
+        mask, lo = self._stream.frames(first, end)
+        return _shifted(regions_from_mask(
+            mask, n_samples=end - lo, min_speech_ms=min_speech_ms,
+            min_silence_ms=min_silence_ms, pad_ms=pad_ms,
+            min_voiced_run_ms=(self.min_voiced_run_ms if min_voiced_run_ms is None
+                               else min_voiced_run_ms)), lo - first)
 
     def speech_regions(
         self,
@@ -141,6 +166,70 @@ class VoiceActivityDetector:
             return 0.0
         regions = self.speech_regions(audio, pad_ms=0.0)
         return sum(end - start for start, end in regions) / n_samples
+
+
+class StreamFrames:
+    """One stream's frame decisions, each frame analysed once (a live recogniser reads the same
+    audio at every update: its window, the tail after its last word, the audio after its commit
+    point; analysing those again at each update was the batched recogniser's largest host
+    cost, ~13 ms an update for a 30 s window).
+
+    Frames lie on one grid from ``origin`` (the first sample asked for): frame j covers
+    [origin + 480 j, origin + 480 (j + 1)); one webrtcvad instance runs over them in order, as
+    a streaming VAD does, so its noise model adapts to the stream. Only complete frames are
+    decided: the last < 30 ms of the audio waits for the next update. A query starting before
+    the origin, or after audio the stream no longer holds, starts a new grid there.
+    """
+
+    KEEP_FRAMES = 4000  # 2 min of decisions behind the newest query start, then dropped
+
+    def __init__(self, detector: VoiceActivityDetector, audio) -> None:
+        self.detector, self.audio = detector, audio
+        self.origin = 0
+        self.mask = np.zeros(0, dtype=bool)
+        self.n = 0  # frames decided
+        self.vad: webrtcvad.Vad | None = None
+
+    def _restart(self, origin: int) -> None:
+        self.origin, self.n = origin, 0
+        self.vad = webrtcvad.Vad(self.detector.aggressiveness)
+
+    def frames(self, first: int, end: int) -> tuple[np.ndarray, int]:
+        """(decisions of the grid frames from the one holding ``first`` to the last complete
+        one before ``end``, the first sample of that first frame)."""
+        start = getattr(self.audio, "start_sample", 0)
+        if self.vad is None or first < self.origin or start > self.origin + self.n * FRAME_SAMPLES:
+            self._restart(first)
+        drop = (first - self.origin) // FRAME_SAMPLES - self.KEEP_FRAMES
+        if drop > 0:  # the grid and the detector's state stay; old decisions go
+            drop = min(drop, self.n)
+            self.mask[: self.n - drop] = self.mask[drop : self.n]
+            self.n -= drop
+            self.origin += drop * FRAME_SAMPLES
+        n_to = max(self.n, (end - self.origin) // FRAME_SAMPLES)
+        if n_to > self.mask.shape[0]:
+            grown = np.zeros(max(n_to, 2 * self.mask.shape[0], 256), dtype=bool)
+            grown[: self.n] = self.mask[: self.n]
+            self.mask = grown
+        while self.n < n_to:
+            k = min(n_to - self.n, _CHUNK_FRAMES)
+            lo = self.origin + self.n * FRAME_SAMPLES
+            x = _as_audio(self.audio.read(lo, lo + k * FRAME_SAMPLES))
+            self.mask[self.n : self.n + k] = self.detector._frames_mask(self.vad, x, k)
+            self.n += k
+        j = (first - self.origin) // FRAME_SAMPLES
+        n_end = min(self.n, -(-(end - self.origin) // FRAME_SAMPLES))
+        return self.mask[j:max(j, n_end)], self.origin + j * FRAME_SAMPLES
+
+
+def _shifted(regions: list[tuple[int, int]], by: int) -> list[tuple[int, int]]:
+    """Regions moved by ``by`` samples, cut at 0 (what starts before the query starts at it)."""
+    out = []
+    for lo, hi in regions:
+        lo, hi = max(0, lo + by), hi + by
+        if hi > lo:
+            out.append((lo, hi))
+    return out
 
 
 def _runs(mask: np.ndarray) -> list[tuple[int, int]]:
