@@ -66,6 +66,9 @@ class DecodeBuffers:
         self.logits = torch.zeros(max_rows, d.n_vocab, dtype=torch.float32, **z)
         self.all_done = torch.zeros((), dtype=torch.bool, **z)
         self.rng_seed = torch.zeros(1, dtype=torch.int32, **z)  # Philox key of sampled steps
+        # teacher forcing [max_rows, max_new] (capacity mode of subd bench gpu only: random
+        # weights given a real transcript's tokens, -1 past them); None: the model chooses
+        self.forced: torch.Tensor | None = None
         self.max_rows, self.max_audio, self.max_new_cap = max_rows, max_audio, max_new
 
 
@@ -164,6 +167,9 @@ class BatchRules:
                                           temperature, seed)
         else:
             token, token_lp = self._choose(buf, n, sample, n_gen, last, prev, stamp)
+        if buf.forced is not None:  # the row's transcript token at this column, where given
+            want = buf.forced[:n].gather(1, n_gen.clamp(max=buf.forced.shape[1] - 1)[:, None])
+            token = torch.where(want[:, 0] >= 0, want[:, 0], token)
         active = ~buf.done[:n]
         if only is not None:
             active &= only[:n]

@@ -286,8 +286,11 @@ class WindowEngine:
                     max(0, min(max_new, n_ctx - len(prompt) - len(prefix))))
 
     @torch.inference_mode()
-    def _decode(self, feats: torch.Tensor, rows: list[_Row], options: DecodeOptions
-                ) -> list[DecodeResult]:
+    def _decode(self, feats: torch.Tensor, rows: list[_Row], options: DecodeOptions,
+                teacher: list[list[int]] | None = None) -> list[DecodeResult]:
+        """``teacher`` (buffers made with ``buf.forced``: subd bench gpu's capacity mode): each
+        row's whole transcript, prefix included, ending with end-of-text, chosen whatever the
+        weights say."""
         eng, sp = self.batched, self.tokenizer.special
         buf, dev, cfg = eng.buf, eng.device, eng.config
         n, t = feats.shape[0], feats.shape[1]
@@ -334,6 +337,11 @@ class WindowEngine:
             buf.done[:n_rows] = torch.arange(n_rows, device=dev) >= n
             buf.looped[:n_rows] = False
             buf.temperature[:n_rows] = options.temperature
+            if buf.forced is not None:  # none given: the model chooses every token
+                want = torch.full((n_rows, buf.forced.shape[1]), -1, dtype=torch.long)
+                for b, seq in enumerate(teacher or ()):
+                    want[b, : len(seq)] = torch.tensor(seq[: buf.forced.shape[1]])
+                buf.forced[:n_rows] = want.to(dev, non_blocking=True)
             plen_dev = plen.to(dev)
             no_speech = prefill(eng.model.decoder, buf, prompts.to(dev), plen_dev,
                                 sot.to(dev), shape, sp.no_speech)

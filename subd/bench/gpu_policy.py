@@ -3,10 +3,13 @@
 Drives exactly the recogniser code of ``subd run``: the process-side host of the batched
 daemon (subd.service.batching.BatchedMultiplexHost) with one recogniser host per channel, each
 reading its audio history as the daemon's does, fed the daemon's requests (``UpdateRequest``
-with the deadline-aware ``commit_until_ns`` computed as subd.pipeline.scheduler does, at the
-configured ``min_update_ms`` cadence). Channels are real speech (the LibriVox clips joined and
-looped, each channel from its own offset), arriving in real time; a channel's requests that
-come while a batch runs go out with the next batch, as BatchingSharedWorker sends them.
+whose deadline ``commit_until_ns`` and encoder span come from each channel's own
+subd.pipeline.deadline.UpdatePlanner on the channel's tick grid, as subd.pipeline.scheduler
+asks them, at the configured ``min_update_ms`` cadence). Channels are real speech (the
+LibriVox clips joined and looped, each channel from its own offset), arriving in real time; a
+channel's requests that come while a batch runs go out with the next batch, as
+BatchingSharedWorker sends them. ``--capacity SIZE``: every batch also runs a model of SIZE with
+random weights, teacher-forced (subd.bench.gpu_capacity).
 
 Not driven: the tick publisher, the tagger, the sinks (their cost is per channel on the CPU and
 is measured by ``subd bench realtime`` / ``fanout``). A word's viewer-visible latency is the
@@ -43,6 +46,7 @@ class Trial:
     n_late: int = 0  # words committed after their tick's look-ahead fetch
     n_late_updates: int = 0  # updates whose round trip exceeded D - A
     n_failed: int = 0
+    n_full: int = 0  # updates the planner sent on Whisper's full 30 s input
     visible_ms: list[float] = field(default_factory=list)
     commit_ms: list[float] = field(default_factory=list)
     ttfc_ms: list[float] = field(default_factory=list)
@@ -78,6 +82,8 @@ class Setup:
     min_update_ms: int
     duration_s: float
     ramp_s: float
+    fps: str = "30"
+    encoder_span: str = "auto"
 
 
 class Channels:
@@ -120,7 +126,8 @@ class Channels:
 def simulate(label: str, host, spec: tuple, library: np.ndarray, n: int, setup: Setup,
              batched: bool) -> Trial:
     from subd.bench.gpu_sim import UtilSampler
-    from subd.pipeline.deadline import FIRST_COST_NS, UPDATE_MARGIN_NS
+    from subd.pipeline.deadline import UpdatePlanner
+    from subd.pipeline.ticks import TickGrid
     from subd.service.batching import ForChannels
     from subd.service.supervisor import ForChannel
     from subd.workers.hosts import UpdateRequest
@@ -129,10 +136,14 @@ def simulate(label: str, host, spec: tuple, library: np.ndarray, n: int, setup: 
     trial = Trial(label, n, setup.latency_ms)
     d_ns, a_ns = setup.latency_ms * NS_PER_MS, setup.lookahead_ms * NS_PER_MS
     min_new = setup.min_update_ms * SAMPLE_RATE_HZ // 1000
-    costs = [[FIRST_COST_NS[False]] for _ in range(n)]  # the cut span (the capacity mode)
     shown = np.zeros(n, dtype=bool)
     t0 = time.monotonic_ns() + 50 * NS_PER_MS
     start = t0 + (np.arange(n) * setup.ramp_s * NS_PER_S / max(n, 1)).astype(np.int64)
+    # the daemon's planner per channel, on the channel's tick grid (t0: its first sample)
+    planners = [UpdatePlanner(setup.encoder_span, setup.min_update_ms) for _ in range(n)]
+    grids = [TickGrid.create(setup.fps, int(start[i]), setup.latency_ms, setup.lookahead_ms)
+             for i in range(n)]
+    plans = [None] * n
     end_ns = t0 + int((setup.ramp_s + setup.duration_s) * NS_PER_S)
     with UtilSampler() as util:
         while (now := time.monotonic_ns()) < end_ns:
@@ -144,13 +155,9 @@ def simulate(label: str, host, spec: tuple, library: np.ndarray, n: int, setup: 
             requests = []
             for i in ready:
                 ch.feed(int(i), int(heard[i]))
-                # subd.pipeline.deadline.UpdatePlanner.plan: the words of every tick fetched
-                # before the next result can be in are decided now
-                cost = max(costs[i][-8:])
-                gap = setup.min_update_ms * NS_PER_MS
-                next_in = now + max(cost, gap) + cost + UPDATE_MARGIN_NS
-                until = max(0, next_in + a_ns - d_ns - int(start[i]))
-                requests.append((int(i), UpdateRequest(int(heard[i]), until)))
+                plans[i] = plan = planners[i].plan(grids[i], now)
+                requests.append((int(i), UpdateRequest(int(heard[i]), plan.commit_until_ns,
+                                                        full_span=plan.full_span)))
             if batched:
                 out = host.handle(ForChannels(tuple(ForChannel(f"c{i}", r)
                                                     for i, r in requests)))
@@ -169,11 +176,13 @@ def simulate(label: str, host, spec: tuple, library: np.ndarray, n: int, setup: 
             for (i, _), (ok, res), t_done in zip(requests, out, done, strict=True):
                 trial.n_updates += 1
                 rtt = t_done - now
-                costs[i].append(rtt)
                 trial.n_late_updates += rtt > d_ns - a_ns
                 if not ok:
                     trial.n_failed += 1
                     continue
+                if res.decoded:  # as the scheduler: a silent window costs next to nothing
+                    planners[i].record(plans[i], rtt)
+                trial.n_full += plans[i].full_span
                 hyp = res.hypothesis
                 if not shown[i] and (hyp.committed or hyp.tentative):
                     shown[i] = True
@@ -196,30 +205,12 @@ def describe(t: Trial) -> str:
     return (f"{t.label} N={t.n_channels:5d} served={t.served!s:5s} keeps_up={t.keeps_up!s:5s} "
             f"words={t.n_words:6d} "
             f"late_words={t.n_late:5d} late_updates={t.n_late_updates:5d} "
-            f"failed={t.n_failed} visible p50/p95 {t.pct('visible_ms', 50):6.0f}/"
+            f"failed={t.n_failed} full_span={t.n_full} "
+            f"visible p50/p95 {t.pct('visible_ms', 50):6.0f}/"
             f"{t.pct('visible_ms', 95):6.0f} ms commit p50/p95 {t.pct('commit_ms', 50):6.0f}/"
             f"{t.pct('commit_ms', 95):6.0f} ms ttfc p95 {t.pct('ttfc_ms', 95):6.0f} ms "
             f"round p95 {t.pct('round_ms', 95):6.0f} ms mean batch "
             f"{np.mean(t.batch) if t.batch else 0:6.1f} gpu_util {t.gpu_util_pct:5.1f}%")
-
-
-def offline_wer(engine, library: np.ndarray, trial: Trial, n_check: int = 4) -> float:
-    """WER of the committed words against the same engine transcribing the same audio
-    offline (the whole heard span at once, subd.recognise.offline), over a few channels."""
-    from subd.recognise.offline import TranscribeOptions, Transcriber
-    from subd.scoring.wer import normalise, wer
-
-    tr = Transcriber(engine, TranscribeOptions())
-    errs = []
-    for i in range(min(n_check, trial.n_channels)):
-        n = int(trial.sent[i])
-        a = int(trial.offsets[i] % len(library))
-        audio = np.concatenate([library, library])[a : a + n]
-        ref = " ".join(w.text for seg in tr.transcribe_blocks(iter([audio])) for w in seg.words)
-        hyp = " ".join(trial.texts.get(i, []))
-        if ref.strip():
-            errs.append(wer(normalise(ref), normalise(hyp)))
-    return float(np.mean(errs)) if errs else float("nan")
 
 
 def search(label: str, make_host, spec: tuple, library, counts: list[int], setup: Setup,
@@ -241,29 +232,10 @@ def search(label: str, make_host, spec: tuple, library, counts: list[int], setup
     return best, trials
 
 
-def plot(path: str, best: Trial | None, naive: Trial | None, setup: Setup) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 4))
-    for t in (best, naive):
-        if t is not None and t.visible_ms:
-            v = np.sort(t.visible_ms)
-            ax.plot(v / 1000, np.arange(1, len(v) + 1) / len(v),
-                    label=f"{t.label}, {t.n_channels} channels")
-    ax.axvline(setup.latency_ms / 1000, color="grey", linestyle=":", label="D")
-    ax.set_xlabel("viewer-visible latency of a committed word (s)")
-    ax.set_ylabel("fraction of words")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path)
-
-
 def run(args) -> int:
     import torch
 
+    from subd.bench.gpu_report import offline_wer, plot
     from subd.bench.gpu_sim import load_library
     from subd.config import config_from_dict, load_config
     from subd.gpu.device import place
@@ -279,7 +251,7 @@ def run(args) -> int:
     if placement.cuda:
         torch.backends.cuda.enable_cudnn_sdp(False)  # a plan per new shape: see bench gpu
     setup = Setup(cfg.tick.latency_ms, cfg.tick.lookahead_ms, rec.min_update_ms,
-                  args.duration_s, args.ramp_s)
+                  args.duration_s, args.ramp_s, cfg.tick.fps, rec.encoder_span)
     library, _ = load_library(args.clips)
     out = open(args.log, "w") if args.log else None  # noqa: SIM115 - closed below
 
@@ -294,12 +266,30 @@ def run(args) -> int:
     log(f"daemon policy: model {args.model} on {placement.device} ({placement.precision}"
         f"{', ' + torch.cuda.get_device_name() if placement.cuda else ''}); D "
         f"{setup.latency_ms} ms, A {setup.lookahead_ms} ms, update every "
-        f"{setup.min_update_ms} ms of new audio, encoder pad {rec.encoder_pad_ms} ms; "
-        f"{setup.duration_s} s per trial after a {setup.ramp_s} s ramp")
+        f"{setup.min_update_ms} ms of new audio, encoder span {setup.encoder_span} "
+        f"(pad {rec.encoder_pad_ms} ms); {setup.duration_s} s per trial after a "
+        f"{setup.ramp_s} s ramp")
     t0 = time.monotonic()
     host = BatchedMultiplexHost(args.model, placement.device, placement.precision,
                                 args.max_rows)
     log(f"batched engine loaded in {time.monotonic() - t0:.1f} s")
+    capacity = ""
+    if args.capacity:
+        from subd.bench.gpu_capacity import capacity_windows, describe_size
+        from subd.gpu.device import torch_dtype
+
+        t0 = time.monotonic()
+        host.engine.windows = capacity_windows(
+            host.engine.windows, args.capacity, placement.device,
+            torch_dtype(placement.precision if placement.cuda else "fp32"),
+            args.max_rows if placement.cuda else 16)
+        if placement.cuda:
+            host.engine.windows.big.warm()
+        capacity = (f"CAPACITY MODE, RANDOM WEIGHTS: every batch also runs a randomly "
+                    f"initialised {describe_size(args.capacity)}, decoding teacher-forced "
+                    f"with {args.model}'s tokens for each window (captions, words and WER "
+                    f"are {args.model}'s; the figures are the capacity of both together)")
+        log(f"{capacity}; built in {time.monotonic() - t0:.1f} s")
     counts = [int(x) for x in args.streams.split(",")]
     warm = dataclasses.replace(setup, duration_s=args.warm_s)
     if args.warm_s > 0:
@@ -313,7 +303,9 @@ def run(args) -> int:
         from subd.models.engine import WhisperEngine
         from subd.service.supervisor import MultiplexHost
 
-        single = WhisperEngine(on_device(load_weights(args.model), placement))
+        # capacity mode: the naive server is the same two models, one request at a time
+        single = host.engine if args.capacity else WhisperEngine(
+            on_device(load_weights(args.model), placement))
 
         class NaiveHost(MultiplexHost):
             def handle(self, request):
@@ -336,9 +328,12 @@ def run(args) -> int:
     log(f"largest N served (every update back within D - A, words visible within D + "
         f"{VISIBLE_SLACK_MS} ms at p95; D = {setup.latency_ms} ms): batched {n_b}, naive "
         f"{n_n}" + (f"; ratio {n_b / n_n:.1f}x" if n_n else ""))
+    if capacity:
+        log(capacity)
+        log(host.engine.windows.summary())
     for t in (best, naive):
         if t is not None:
-            engine = host.engine.windows.single if t is best else _NAIVE
+            engine = host.engine.windows.single if t is best or args.capacity else _NAIVE
             log(f"  {t.label} at N={t.n_channels}: viewer-visible latency p50 "
                 f"{t.pct('visible_ms', 50):.0f} ms, p95 {t.pct('visible_ms', 95):.0f} ms; "
                 f"time to first caption p50 {t.pct('ttfc_ms', 50):.0f} ms, p95 "
@@ -370,4 +365,8 @@ def register_args(p) -> None:
     p.add_argument("--precision", default="auto", help="auto, fp16, bf16, fp32, int8")
     p.add_argument("--warm-s", type=float, default=8.0, help="warm-up trial (graph capture)")
     p.add_argument("--plot", default="gpu_policy.png", help="PNG output ('' for none)")
+    p.add_argument("--capacity", default="", choices=("", "large-v3-turbo", "large-v3", "test"),
+                   help="capacity mode: every batch also runs a model of this size with RANDOM "
+                        "weights, decoding teacher-forced with --model's tokens (its weights "
+                        "need not be here; 'test': a tiny one for the CPU tests)")
 

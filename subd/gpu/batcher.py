@@ -33,7 +33,9 @@ class _Waiting:
     job: WindowJob
     result: Any = None
     error: BaseException | None = None
-    done: bool = False
+    # set once the result is in: each channel thread waits on its own event, so a batch wakes
+    # each waiting thread once (one shared condition woke all N at every arrival: N^2 wakeups)
+    ready: threading.Event = field(default_factory=threading.Event)
 
 
 @dataclass(slots=True)
@@ -78,9 +80,9 @@ class BatchingEngine:
         waiting = _Waiting(job)
         with self._cond:
             self._waiting.append(waiting)
-            self._cond.notify_all()
-            while not waiting.done:
-                self._cond.wait()
+            if len(self._waiting) == self._active:  # the last one: run() serves the batch
+                self._cond.notify()
+        waiting.ready.wait()
         if waiting.error is not None:
             raise waiting.error
         return waiting.result
@@ -121,7 +123,8 @@ class BatchingEngine:
                 self._local.in_run = False
                 with self._cond:
                     self._active -= 1
-                    self._cond.notify_all()
+                    if self._active == 0 or len(self._waiting) == self._active:
+                        self._cond.notify()  # only run() waits on the condition
 
         with self._cond:
             self._active = len(calls)
@@ -136,7 +139,6 @@ class BatchingEngine:
                         self._serve(batch)
                     finally:
                         self._cond.acquire()
-                    self._cond.notify_all()
                 else:
                     self._cond.wait()
         return out
@@ -146,14 +148,15 @@ class BatchingEngine:
             results = self._batch([w.job for w in batch])
         except BaseException as exc:  # noqa: BLE001 - every waiting channel hears of it
             for w in batch:
-                w.error, w.done = exc, True
+                w.error = exc
+                w.ready.set()
             return
         for w, r in zip(batch, results, strict=True):
             if isinstance(r, BaseException):
                 w.error = r
             else:
                 w.result = r
-            w.done = True
+            w.ready.set()
 
     def close(self) -> None:
         if self._pool is not None:

@@ -1,0 +1,184 @@
+"""Capacity mode of ``subd bench gpu --capacity SIZE``: the work of a model whose weights cannot
+reach the machine, with RANDOM weights of its size.
+
+Every channel still runs the daemon's policy over a real model (the bench's ``--model``, tiny.en
+on the GPU machine): its captions, word times and decisions are that model's. Each batch of
+windows is then run again, as the same batch, through a randomly initialised model of SIZE
+(large-v3-turbo: 32 encoder layers, 4 decoder layers, d = 1280, 128 mel bins, 51 866 tokens):
+
+* the same audio, front end and encoder span per window (128 mel bins, the window's bucket);
+* the same prompt and forced prefix, then decoding *teacher-forced* with the real model's
+  tokens for that window (``DecodeBuffers.forced``): every step runs the whole decoder and the
+  vocabulary projection and the token rules, and the row stops where the real transcript does,
+  so each update decodes as many tokens as the real model wrote for that audio;
+* the word-timing pass: one decoder pass over the transcript with the alignment heads' attention
+  and its alignment matrix on the device (the DTW itself is the host work the real model's
+  words already did, the same size).
+
+A channel's result comes back only after both models' work for its batch. The random model's
+own choices are never used, and the real model's work is extra (a large model would not need
+it), so the capacity found is a lower bound for SIZE with tokens counted in the real model's
+tokenizer (the prompt's start-of-transcript sequence too: 1 token for tiny.en, 3 in a
+multilingual model). A temperature fallback or retry without the prefix is replayed once, as
+the final decode only.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import replace
+
+import torch
+
+from subd.kernels.mel import WINDOW_FRAMES
+from subd.kernels.mel_gpu import n_frames_for
+from subd.models.alignment import alignment_matrix
+from subd.models.batched_window import WindowEngine, WindowJob
+from subd.models.engine import WINDOW_SAMPLES
+from subd.models.loading import LoadedModel
+from subd.models.whisper import Whisper, WhisperDims
+
+SIZES = {
+    "large-v3-turbo": WhisperDims(n_mels=128, n_audio_ctx=1500, n_audio_state=1280,
+                                  n_audio_head=20, n_audio_layer=32, n_vocab=51866,
+                                  n_text_ctx=448, n_text_state=1280, n_text_head=20,
+                                  n_text_layer=4),
+    "large-v3": WhisperDims(n_mels=128, n_audio_ctx=1500, n_audio_state=1280, n_audio_head=20,
+                            n_audio_layer=32, n_vocab=51866, n_text_ctx=448,
+                            n_text_state=1280, n_text_head=20, n_text_layer=32),
+    # the same shapes at a size the CPU tests run (128 mel bins, the v3 vocabulary)
+    "test": WhisperDims(n_mels=128, n_audio_ctx=1500, n_audio_state=64, n_audio_head=2,
+                        n_audio_layer=2, n_vocab=51866, n_text_ctx=448, n_text_state=64,
+                        n_text_head=2, n_text_layer=2),
+}
+INIT_STD = 0.02  # weights ~ N(0, 0.02): activations stay finite in float16 through 32 layers
+
+
+def random_model(size: str, real: LoadedModel, seed: int = 0) -> LoadedModel:
+    """A Whisper of ``size`` with random weights, given ``real``'s tokenizer (its token ids are
+    what gets forced; the larger vocabulary's extra logits are computed and never chosen)."""
+    dims = SIZES[size]
+    if dims.n_vocab < real.model.dims.n_vocab:
+        raise ValueError(f"{size}: its vocabulary is smaller than the real model's")
+    gen = torch.Generator().manual_seed(seed)
+    model = Whisper(dims)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() >= 2:  # matrices, convolutions, embeddings (the encoder's positions are
+                # fixed sinusoids, a buffer)
+                p.normal_(0.0, INIT_STD, generator=gen)
+    n = dims.n_text_layer
+    heads = tuple((layer, h) for layer in range(n // 2, n) for h in range(dims.n_text_head))
+    return LoadedModel(name=f"{size} (random weights)", model=model.eval(),
+                       tokenizer=real.tokenizer, alignment_heads=heads,
+                       suppress_tokens=real.suppress_tokens, source="random")
+
+
+class CapacityWindows:
+    """What the batching engine calls (``transcribe``, ``single``, ``tokenizer``, ``warm``):
+    the real engine's results, after the random model of the capacity size did the same work."""
+
+    def __init__(self, real: WindowEngine, big: WindowEngine) -> None:
+        self.real, self.big = real, big
+        self.single = real.single
+        self.tokenizer = real.tokenizer
+        eng = big.batched
+        eng.buf.forced = torch.full_like(eng.buf.out_tok, -1)
+        self.n_rows_replayed = 0
+        self.n_tokens_forced = 0
+        self.n_short = 0
+
+    def summary(self) -> str:
+        return (f"random model: {self.n_rows_replayed} windows decoded, "
+                f"{self.n_tokens_forced} tokens teacher-forced, {self.n_short} rows stopped "
+                f"short of their transcript")
+
+    @property
+    def batched(self):
+        return self.real.batched
+
+    def warm(self) -> None:
+        self.real.warm()
+        self.big.warm()
+
+    def transcribe(self, jobs: list[WindowJob]) -> list:
+        out = self.real.transcribe(jobs)
+        done = [(j, r) for j, r in zip(jobs, out, strict=True)
+                if not isinstance(r, BaseException)]
+        groups: dict[int, list[tuple[WindowJob, object, int]]] = {}
+        for job, res in done:  # the real engine's encoder buckets
+            frames = min(n_frames_for(min(len(job.audio), WINDOW_SAMPLES)) - 1, WINDOW_FRAMES)
+            groups.setdefault(job.span.frames(frames), []).append((job, res, frames))
+        cap = self.big.batched.config.max_rows
+        for enc_frames, items in sorted(groups.items()):
+            for lo in range(0, len(items), cap):
+                self._replay(items[lo : lo + cap], enc_frames)
+        return out
+
+    @torch.inference_mode()
+    def _replay(self, items: list, enc_frames: int) -> None:
+        big, eng = self.big, self.big.batched
+        sp = self.tokenizer.special
+        audio, lengths = eng.upload([job.audio[:WINDOW_SAMPLES] for job, _, _ in items])
+        feats = eng.encode(eng.features(audio, lengths, enc_frames))
+        rows, forced = [], []
+        for job, res, _ in items:
+            prefix = job.prefix if res.prefix_used else ()
+            tokens = list(res.decode.tokens)
+            rows.append(big._row(job.previous, prefix, max(1, len(tokens) - len(prefix) + 1),
+                                 job.language))
+            forced.append(tokens + [sp.eot])
+        options = replace(items[0][0].options, temperature=0.0)
+        got = big._decode(feats, rows, options, teacher=forced)
+        self.n_rows_replayed += len(items)
+        self.n_tokens_forced += sum(len(r.tokens) for r in got)
+        # rows where the random model did not run the whole transcript (its loop guard)
+        self.n_short += sum(len(r.tokens) < len(res.decode.tokens)
+                            for r, (_, res, _) in zip(got, items, strict=True))
+        eng._join("encode")
+        eng._join("decode")
+        texts = [res.decode.text_tokens(sp.timestamp_begin) for _, res, _ in items]
+        self._align(feats, [k for k, t in enumerate(texts) if t], texts,
+                    [frames for _, _, frames in items])
+
+    def _align(self, feats: torch.Tensor, todo: list[int], texts: list[list[int]],
+               frames: list[int]) -> None:
+        """The word-timing pass's device work (decoder pass with the alignment heads, the
+        matrices DTW walks); read back so that it is done before the channels hear back."""
+        from subd.models.batched_window import ALIGN_ROWS
+
+        big, sp = self.big, self.tokenizer.special
+        heads = big.single.loaded.alignment_heads
+        decoder = big.batched.model.decoder
+        sums = []
+        for lo in range(0, len(todo), ALIGN_ROWS):
+            part = todo[lo : lo + ALIGN_ROWS]
+            sot = big._sot(None)
+            seqs = [[*sot, sp.no_timestamps, *texts[k], sp.eot] for k in part]
+            width = max(len(q) for q in seqs)
+            host = torch.full((len(part), width), sp.eot, dtype=torch.long)
+            for r, q in enumerate(seqs):
+                host[r, : len(q)] = torch.tensor(q)
+            sub = big._rows(feats, part)
+            _, qks = decoder(host.to(sub.device), decoder.new_cache(sub), return_cross_qk=heads)
+            qk = torch.stack(qks, dim=1).float()
+            for r, k in enumerate(part):
+                n_frames = max(1, min(frames[k] // 2, sub.shape[1]))
+                sums.append(alignment_matrix(qk[r, :, : len(seqs[r])], n_frames,
+                                             len(sot)).sum())
+        if sums:
+            float(torch.stack(sums).sum())
+
+
+def capacity_windows(real: WindowEngine, size: str, device: str, dtype: torch.dtype,
+                     max_rows: int) -> CapacityWindows:
+    """``real`` (the batching engine's windows) paired with a random model of ``size``."""
+    loaded = random_model(size, real.single.loaded)
+    big = WindowEngine(loaded, device, dtype, max_rows=max_rows)
+    return CapacityWindows(real, big)
+
+
+def describe_size(size: str) -> str:
+    d = dataclasses.asdict(SIZES[size])
+    return (f"{size}: {d['n_audio_layer']} encoder layers, {d['n_text_layer']} decoder layers, "
+            f"d = {d['n_audio_state']}, {d['n_mels']} mel bins, {d['n_vocab']} tokens")

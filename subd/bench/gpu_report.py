@@ -1,0 +1,49 @@
+"""What ``subd bench gpu --policy daemon`` reports besides its trials: WER against the same
+engine offline, and the latency plot."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from subd.bench.gpu_policy import Setup, Trial
+
+def offline_wer(engine, library: np.ndarray, trial: Trial, n_check: int = 4) -> float:
+    """WER of the committed words against the same engine transcribing the same audio
+    offline (the whole heard span at once, subd.recognise.offline), over a few channels."""
+    from subd.recognise.offline import TranscribeOptions, Transcriber
+    from subd.scoring.wer import normalise, wer
+
+    tr = Transcriber(engine, TranscribeOptions())
+    errs = []
+    for i in range(min(n_check, trial.n_channels)):
+        n = int(trial.sent[i])
+        a = int(trial.offsets[i] % len(library))
+        audio = np.concatenate([library, library])[a : a + n]
+        ref = " ".join(w.text for seg in tr.transcribe_blocks(iter([audio])) for w in seg.words)
+        hyp = " ".join(trial.texts.get(i, []))
+        if ref.strip():
+            errs.append(wer(normalise(ref), normalise(hyp)))
+    return float(np.mean(errs)) if errs else float("nan")
+
+
+def plot(path: str, best: Trial | None, naive: Trial | None, setup: Setup) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for t in (best, naive):
+        if t is not None and t.visible_ms:
+            v = np.sort(t.visible_ms)
+            ax.plot(v / 1000, np.arange(1, len(v) + 1) / len(v),
+                    label=f"{t.label}, {t.n_channels} channels")
+    ax.axvline(setup.latency_ms / 1000, color="grey", linestyle=":", label="D")
+    ax.set_xlabel("viewer-visible latency of a committed word (s)")
+    ax.set_ylabel("fraction of words")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path)
