@@ -3,14 +3,12 @@ engine offline, and the latency plot."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import numpy as np
 
-if TYPE_CHECKING:
-    from subd.bench.gpu_policy import Setup, Trial
+# trials and the setup are subd.bench.gpu_policy's Trial and Setup (not imported: that module
+# imports this one)
 
-def offline_wer(engine, library: np.ndarray, trial: Trial, n_check: int = 4) -> float:
+def offline_wer(engine, library: np.ndarray, trial, n_check: int = 4) -> float:
     """WER of the committed words against the same engine transcribing the same audio
     offline (the whole heard span at once, subd.recognise.offline), over a few channels."""
     from subd.recognise.offline import TranscribeOptions, Transcriber
@@ -29,7 +27,7 @@ def offline_wer(engine, library: np.ndarray, trial: Trial, n_check: int = 4) -> 
     return float(np.mean(errs)) if errs else float("nan")
 
 
-def plot(path: str, best: Trial | None, naive: Trial | None, setup: Setup) -> None:
+def plot(path: str, best, naive, setup) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
