@@ -13,6 +13,18 @@ host's monotonic clock, which the edges share with the daemon here). The headlin
 over every event at every reader, and the worst single reader's p99. Memory: the resident size
 of every server process (fan-out workers included) and of Redis when the clients are connected
 and at the end, and the stream's length (bounded by ``[bus] stream_maxlen``).
+
+Scheduling, as on a host that serves viewers: the edges' release loops (and the daemon's
+publisher) at SCHED_FIFO 10, their fan-out workers at ``--fanout-priority`` (9, subd edge's
+default; bus off the daemon's workers the same, so the two rows differ by the bus alone), this
+process at normal priority. Redis at SCHED_FIFO 8, below them: it stands for a machine of its
+own, and at normal priority the other load of the shared 2-core host held entries back past
+their 20 ms lead (edge releases late at p99 15 ms). The readers stand for other machines: once
+connected they run at SCHED_FIFO ``--reader-priority`` (1), below every server process, so
+other load on the host cannot hold them a tick behind. A reader that is (2000 clients on the
+shared 2-core machine at normal priority: 13-27 % of the events) reads two events in one
+``recvmsg``, and the kernel has merged their segments under the later one's stamp: the
+earlier event is then measured a tick late. ``late_stamp`` counts such events.
 """
 
 from __future__ import annotations
@@ -37,6 +49,7 @@ NS_PER_MS = 1_000_000
 START_LIMIT_S = 120.0
 TAIL_TICKS = 15
 STREAM_MAXLEN = 300
+REDIS_PRIORITY = 8  # SCHED_FIFO: below every server process, above the readers
 
 
 def _free_port() -> int:
@@ -105,7 +118,7 @@ class _Procs:
             self.stop(proc)
 
 
-def _daemon_config(port: int, bus_url: str, workers: int) -> str:
+def _daemon_config(port: int, bus_url: str, workers: int, priority: int) -> str:
     # a short stream: the bench runs long enough to show MAXLEN ~ holding it
     bus = f'[bus]\nurl = "{bus_url}"\nstream_maxlen = {STREAM_MAXLEN}\n' if bus_url else ""
     return f"""
@@ -122,6 +135,7 @@ port = {port}
 enabled = ["sse"]
 [sinks.sse]
 fanout_workers = {workers}
+fanout_priority = {priority}
 max_clients = 4096
 {bus}"""
 
@@ -137,10 +151,12 @@ def _run_once(tmp: Path, args: argparse.Namespace, bus: bool) -> dict[str, Any]:
             redis = procs.start("redis", ["redis-server", "--port", str(redis_port), "--bind",
                                           "127.0.0.1", "--dir", str(tmp), "--save", "",
                                           "--appendonly", "no", "--daemonize", "no"])
+            _set_priority(redis.pid, REDIS_PRIORITY)  # see the module docstring
         port = _free_port()
         config = tmp / f"daemon-{'bus' if bus else 'direct'}.toml"
         # bus on, the daemon's own SSE has no clients: no fan-out worker of its own either
-        config.write_text(_daemon_config(port, bus_url, 0 if bus else args.workers))
+        config.write_text(_daemon_config(port, bus_url, 0 if bus else args.workers,
+                                         args.fanout_priority))
         daemon = procs.start("daemon", [*py, "run", "--config", str(config)])
         _wait(lambda: (_json(port, "/healthz")["channels"]["main"]["last_tick"] or 0) > 0,
               START_LIMIT_S, "the daemon's first tick")
@@ -150,8 +166,8 @@ def _run_once(tmp: Path, args: argparse.Namespace, bus: bool) -> dict[str, Any]:
                 edge_port = _free_port()
                 edge = procs.start(f"edge{i}", [
                     *py, "edge", "--bus", bus_url, "--listen", f"127.0.0.1:{edge_port}",
-                    "--fanout-workers", str(args.workers), "--max-clients",
-                    str(args.clients + 64)])
+                    "--fanout-workers", str(args.workers), "--fanout-priority",
+                    str(args.fanout_priority), "--max-clients", str(args.clients + 64)])
                 servers.append((edge, edge_port, "/c/main/events"))
             for _, edge_port, _ in servers:  # the first request makes it follow the channel
                 _wait(lambda p=edge_port: urllib.request.urlopen(
@@ -160,6 +176,9 @@ def _run_once(tmp: Path, args: argparse.Namespace, bus: bool) -> dict[str, Any]:
                 _wait(lambda p=edge_port: _first_event(p), START_LIMIT_S, "an edge's events")
         else:
             servers = [(daemon, port, "/c/main/events")] * 2
+        # the servers are up (each set its own priority): this process only polls from here,
+        # and must never take a core from them at FIFO
+        _set_priority(0, 0)
 
         def last_k() -> int:
             if bus:
@@ -178,11 +197,15 @@ def _run_once(tmp: Path, args: argparse.Namespace, bus: bool) -> dict[str, Any]:
         for bulk in bulks:
             assert bulk.stdout is not None
             bulk.stdout.readline()  # "ready"
+            _set_priority(bulk.pid, args.reader_priority)  # see the module docstring
         pids = {"daemon": daemon.pid, **{f"edge{i + 1}": p.pid
                                          for i, (p, _, _) in enumerate(servers) if bus}}
         if redis is not None:
             pids["redis"] = redis.pid
         rss_connected = {name: _tree_rss_mb(pid) for name, pid in pids.items()}
+        # late releases before the measured ticks: the stream's history when an edge started
+        late_before = [_json(p, "/healthz")["channels"]["main"]["late"]
+                       for _, p, _ in servers] if bus else []
         middle = measured.start + len(measured) // 2
         _wait(lambda: last_k() >= middle, (args.warmup + args.ticks) / 30 + 60, "mid-run")
         rss_middle = {name: _tree_rss_mb(pid) for name, pid in pids.items()}
@@ -190,17 +213,20 @@ def _run_once(tmp: Path, args: argparse.Namespace, bus: bool) -> dict[str, Any]:
               (args.warmup + args.ticks) / 30 + 60, "the measured ticks")
         rss_end = {name: _tree_rss_mb(pid) for name, pid in pids.items()}
         xlen = _xlen(redis_port) if bus else 0
-        release_p99 = [_json(p, "/healthz")["channels"]["main"]["release_p99_ms"]
-                       for _, p, _ in servers] if bus else []
+        health = [_json(p, "/healthz")["channels"]["main"] for _, p, _ in servers] if bus else []
+        release_p99 = [h["release_p99_ms"] for h in health]
+        late = [h["late"] - n for h, n in zip(health, late_before, strict=True)]
+        fanout = [h["fanout"] for h in health]
         for proc, _, _ in dict.fromkeys(servers):  # closing the servers ends the bulk readers
             procs.stop(proc)
         readers: list[list[int]] = []
-        rejoined = 0
+        rejoined = shared = 0
         for bulk in bulks:
             out, _ = bulk.communicate(timeout=60)
             got = json.loads(out.strip().splitlines()[-1])
             readers += [r for r in got["errors_ns"] if r]
             rejoined += got["rejoined"]
+            shared += got["shared_stamp"]
         every_ms = [e / NS_PER_MS for r in readers for e in r]
         if not every_ms:
             from subd.errors import UserError
@@ -211,10 +237,24 @@ def _run_once(tmp: Path, args: argparse.Namespace, bus: bool) -> dict[str, Any]:
                     every_p99_ms=percentile(every_ms, 0.99), every_max_ms=max(every_ms),
                     worst_p99_ms=max(percentile(r, 0.99) for r in readers) / NS_PER_MS,
                     rss_connected=rss_connected, rss_middle=rss_middle, rss_end=rss_end,
-                    xlen=xlen, release_p99=release_p99,
+                    xlen=xlen, release_p99=release_p99, late=late, fanout=fanout, shared=shared,
                     rejoined=rejoined, n_events=len(every_ms))
     finally:
         procs.stop_all()
+        if args.realtime:  # the next run's servers inherit it, as systemd would grant it
+            try_realtime(50)
+
+
+def _set_priority(pid: int, priority: int) -> bool:
+    """SCHED_FIFO ``priority`` for process ``pid`` (0: normal scheduling)."""
+    try:
+        if priority:
+            os.sched_setscheduler(pid, os.SCHED_FIFO, os.sched_param(priority))
+        else:
+            os.sched_setscheduler(pid, os.SCHED_OTHER, os.sched_param(0))
+        return True
+    except (PermissionError, OSError):
+        return False
 
 
 def _first_event(port: int) -> bool:
@@ -238,32 +278,38 @@ def _xlen(port: int) -> int:
 def run(args: argparse.Namespace) -> int:
     from subd.errors import UserError
 
-    if args.clients < 2 or args.ticks < 60 or args.warmup < 0 or not 0 <= args.workers <= 64:
+    if args.clients < 2 or args.ticks < 60 or args.warmup < 0 or not 0 <= args.workers <= 64 \
+            or not 0 <= args.fanout_priority <= 9 or not 0 <= args.reader_priority <= 9:
         raise UserError("edge: need --clients >= 2, --ticks >= 60, --warmup >= 0, --workers "
-                        "in 0..64")
+                        "in 0..64, --fanout-priority and --reader-priority in 0..9")
     if shutil.which("redis-server") is None:
         raise UserError("edge: redis-server is not installed (scripts/install-deps.sh)")
     limit = raise_fd_limit(2 * args.clients + 512)
     if limit < args.clients + 128:
         raise UserError(f"edge: open-file limit {limit} is too low for {args.clients} clients")
-    realtime = try_realtime(50)  # inherited by the servers, as systemd would grant it
+    realtime = args.realtime = try_realtime(50)  # inherited by the servers, as systemd grants it
+    load_start = os.getloadavg()
     rows = []
     with tempfile.TemporaryDirectory(prefix="subd-bench-edge-") as tmp:
         for bus in (True, False):
             rows.append(_run_once(Path(tmp), args, bus))
+    load_end = os.getloadavg()
     print(f"subd bench edge: {args.ticks} measured ticks at 30 fps after {args.warmup}, "
           f"{args.clients} clients per edge (half never reading), {args.workers} fan-out "
-          f"workers per server, servers SCHED_FIFO={realtime}, {os.cpu_count()} CPUs")
+          f"workers per server at SCHED_FIFO {args.fanout_priority} (0: normal), servers "
+          f"SCHED_FIFO={realtime}, readers SCHED_FIFO {args.reader_priority}, "
+          f"{os.cpu_count()} CPUs, load average {load_start[0]:.2f} at the start, "
+          f"{load_end[0]:.2f} at the end")
     print("publish-time error (ms after due_ns): every event at every reading client, by its "
           "kernel arrival stamp; worst: the p99 of the reader whose p99 is highest. RSS in MB, "
           "each server with its fan-out workers (the daemon with its stage processes):")
     head = ("bus", "servers", "clients", "readers", "all_p50", "all_p99", "all_max",
-            "worst_p99", "rejoined", "stream_len")
+            "worst_p99", "rejoined", "stream_len", "late_stamp")
     print(" ".join(f"{h:>10}" for h in head))
     for r in rows:
         vals = ("on" if r["bus"] else "off", r["servers"], r["clients"], r["readers"],
                 r["every_p50_ms"], r["every_p99_ms"], r["every_max_ms"], r["worst_p99_ms"],
-                r["rejoined"], r["xlen"])
+                r["rejoined"], r["xlen"], r["shared"])
         print(" ".join(f"{v:>10.2f}" if isinstance(v, float) else f"{v:>10}" for v in vals))
     for r in rows:
         mem = ", ".join(f"{name} {r['rss_connected'][name]:.0f} -> "
@@ -271,7 +317,23 @@ def run(args: argparse.Namespace) -> int:
                         for name in r["rss_end"])
         print(f"RSS bus {'on' if r['bus'] else 'off'} (connected -> mid-run -> end): {mem}")
     print("the edges' own release error p99 (end of the spin to T(k), ms, last 300 ticks): "
-          + ", ".join(f"{v:.3f}" for v in rows[0]["release_p99"] if v is not None))
+          + ", ".join(f"{v:.3f}" for v in rows[0]["release_p99"] if v is not None)
+          + "; ticks released over 2 ms late since the clients connected (late from the bus,"
+          " or the loop held): "
+          + ", ".join(str(n) for n in rows[0]["late"]))
+    writing_ms = 0.0
+    for i, shares in enumerate(rows[0]["fanout"]):
+        writing_ms += sum(n * us for n, us in shares) / 1000
+        print(f"edge{i + 1} fan-out at the end (clients x us per client in the write loop): "
+              + ", ".join(f"{name} {n} x {us:.2f}" for name, (n, us) in zip(
+                  ["this process"] + [f"worker {j + 1}" for j in range(len(shares) - 1)],
+                  shares, strict=True)))
+    print(f"writing to the readers that keep up takes {writing_ms:.2f} ms of CPU a tick over "
+          f"both edges: {writing_ms / min(os.cpu_count() or 1, 2 + 2 * args.workers):.2f} ms "
+          f"a core if spread perfectly over this host's cores (the last reader's floor)")
+    n_all = sum(r["n_events"] for r in rows)
+    print(f"late_stamp: events read together with a later one (the reader was a tick behind),"
+          f" stamped with the later one's arrival: {sum(r['shared'] for r in rows)} of {n_all}")
     print(f"stream length at the end: {rows[0]['xlen']} entries ([bus] stream_maxlen = "
           f"{STREAM_MAXLEN} here, MAXLEN ~ trims in whole nodes)")
     on, off = rows
@@ -291,4 +353,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--workers", type=int, default=1,
                    help="fan-out worker processes of each server (the edges; bus off, the "
                    "daemon's [sinks.sse] fanout_workers)")
+    p.add_argument("--fanout-priority", type=int, default=9,
+                   help="the fan-out workers' SCHED_FIFO priority (subd edge --fanout-priority;"
+                   " bus off, the daemon's [sinks.sse] fanout_priority); 0: normal")
+    p.add_argument("--reader-priority", type=int, default=1,
+                   help="SCHED_FIFO priority of the client processes once connected, below "
+                   "every server's (0: normal, as bench fanout's)")
     p.set_defaults(func=run)

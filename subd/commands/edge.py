@@ -31,6 +31,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--fanout-workers", type=int, default=1,
                    help="processes sharing the writing to viewers, per channel (as "
                    "[sinks.sse] fanout_workers)")
+    p.add_argument("--fanout-priority", type=int, default=9,
+                   help="the fan-out workers' SCHED_FIFO priority, 1..9, below the release "
+                   "loop's 10 (0: normal scheduling; as [sinks.sse] fanout_priority)")
     p.add_argument("--max-clients", type=int, default=4096, help="viewers per channel")
     p.add_argument("--history-ticks", type=int, default=9000,
                    help="ticks kept per channel for Last-Event-ID replay, read from the stream "
@@ -47,6 +50,7 @@ def edge_config(args: argparse.Namespace) -> object:
 
     bus = build_section("bus", BusConfig, {"url": args.bus, "prefix": args.prefix})
     sse = SSEConfig.from_mapping({"fanout_workers": args.fanout_workers,
+                                  "fanout_priority": args.fanout_priority,
                                   "max_clients": args.max_clients,
                                   "history_ticks": args.history_ticks,
                                   "cors_origins": list(args.cors_origin)}, "edge")

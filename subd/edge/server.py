@@ -38,9 +38,10 @@ class EdgeConfig:
     port: int = 8766
     prefix: str = "subd"
     max_channels: int = 256
-    # replay: as many ticks as a stream keeps by default ([bus] stream_maxlen), ~3 MB a channel
-    sse: SSEConfig = field(default_factory=lambda: SSEConfig(fanout_workers=1,
-                                                             history_ticks=9000))
+    # replay: as many ticks as a stream keeps by default ([bus] stream_maxlen), ~3 MB a channel;
+    # the fan-out worker at SCHED_FIFO just below the release loop: an edge runs no model
+    sse: SSEConfig = field(default_factory=lambda: SSEConfig(
+        fanout_workers=1, history_ticks=9000, fanout_priority=9))
 
 
 class Edge:
@@ -144,7 +145,10 @@ class Edge:
         channels = {name: {"bus_up": f.up, "last_k": f.sink.last_k,
                            "clients": f.sink.n_clients, "released": f.n_released,
                            "late": f.n_late, "release_p50_ms": f.release_error_ms(0.5),
-                           "release_p99_ms": f.release_error_ms(0.99)}
+                           "release_p99_ms": f.release_error_ms(0.99),
+                           # (clients, us per client) of the latest write loops: this
+                           # process, then each fan-out worker
+                           "fanout": f.sink.fanout_shares}
                     for name, f in self.followers.items()}
         up = all(f.up for f in self.followers.values())
         return web.json_response({"status": "ok" if up else "degraded", "channels": channels},

@@ -28,11 +28,12 @@ _RUN_BY_PATH = ("import runpy, sys; sys.argv.pop(0); "
 class WorkerLink:
     def __init__(self, *, client_buffer_bytes: int, drop_after_ms: int, heartbeat_ms: int,
                  on_gone: Callable[[int, bool], None],
-                 on_fail: Callable[[WorkerLink], None]) -> None:
+                 on_fail: Callable[[WorkerLink], None], priority: int = 0) -> None:
         parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        args = (child.fileno(), client_buffer_bytes, drop_after_ms, heartbeat_ms)
+        args = (child.fileno(), client_buffer_bytes, drop_after_ms, heartbeat_ms, priority)
         # The worker inherits this thread's scheduling policy (SCHED_FIFO where granted) and
-        # drops it first thing (worker.main). It needs the standard library only: run by path,
+        # sets its own first thing: SCHED_FIFO ``priority``, or normal scheduling if 0 (or not
+        # allowed) (worker.main). It needs the standard library only: run by path,
         # isolated (-I: no cwd on sys.path), so it starts fast and small, without the
         # package's imports (numpy).
         self.proc = subprocess.Popen(

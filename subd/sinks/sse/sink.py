@@ -149,7 +149,7 @@ class SSESink(FanoutBalance):
 
     def _new_link(self) -> WorkerLink:
         cfg = self.config
-        return WorkerLink(client_buffer_bytes=cfg.client_buffer_bytes,
+        return WorkerLink(client_buffer_bytes=cfg.client_buffer_bytes, priority=cfg.fanout_priority,
                           drop_after_ms=cfg.drop_after_ms, heartbeat_ms=cfg.heartbeat_ms,
                           on_gone=self._gone, on_fail=self._link_failed)
 

@@ -35,6 +35,9 @@ class SSEConfig:
     max_clients: int = 4096
     fanout_workers: int = 0  # extra processes writing to clients (0: all from this one); a
     # send costs ~4 us of kernel time, so 500 readers take ~2 ms from one core
+    fanout_priority: int = 0  # the workers' SCHED_FIFO priority (0: normal scheduling); below
+    # the publisher's 10, so they never delay it, and above any normal process, so neither
+    # the readers' wake-ups nor other load can hold a tick back (see worker.main)
     socket_sndbuf_bytes: int = 32768  # kernel send buffer per client (0: system default); a
     # small one makes a non-reading client cheap to skip soon and bounds kernel memory
     cors_origins: tuple[str, ...] = ()  # allowed Origin values; "*" allows any
@@ -52,6 +55,7 @@ class SSEConfig:
         check_range(s, "drop_after_ms", self.drop_after_ms, 100, 3_600_000)
         check_range(s, "max_clients", self.max_clients, 1, 1_000_000)
         check_range(s, "fanout_workers", self.fanout_workers, 0, 64)
+        check_range(s, "fanout_priority", self.fanout_priority, 0, 9)
         check_range(s, "socket_sndbuf_bytes", self.socket_sndbuf_bytes, 0, 64 << 20)
         check_range(s, "latency_ms", self.latency_ms, 0, 600_000)
 
