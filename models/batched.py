@@ -299,3 +299,15 @@ class BatchedEngine:
 
     def text(self, result: DecodeResult) -> str:
         return self.tokenizer.decode(result.text_tokens(self.special.timestamp_begin)).strip()
+
+
+def read_back(tensors: list[torch.Tensor]) -> list[np.ndarray]:
+    """Tensors of one dtype on one device -> numpy arrays of their shapes, in one copy."""
+    if not tensors:
+        return []
+    flat = torch.cat([t.reshape(-1) for t in tensors]).cpu().numpy()
+    out, at = [], 0
+    for t in tensors:
+        out.append(flat[at : at + t.numel()].reshape(tuple(t.shape)))
+        at += t.numel()
+    return out

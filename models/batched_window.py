@@ -35,7 +35,7 @@ import torch
 from subd.kernels.mel import WINDOW_FRAMES
 from subd.kernels.mel_gpu import n_frames_for
 from subd.models.alignment import alignment_matrix, dtw_paths, words_from_path
-from subd.models.batched import BatchedEngine, EngineConfig, bucket
+from subd.models.batched import BatchedEngine, EngineConfig, bucket, read_back
 from subd.models.batched_decode import StepShape, cross_fill, prefill
 from subd.models.decoding import (
     DecodeOptions,
@@ -198,7 +198,7 @@ class WindowEngine:
         decoder = self.batched.model.decoder
         todo = [k for k in range(len(rows)) if texts[k]]
         out: dict[int, list] = {rows[k]: [] for k in range(len(rows)) if not texts[k]}
-        probs, costs = {}, {}
+        dev_p, dev_c = [], []  # (row, first, token probabilities), (row, DTW cost matrix)
         for lo in range(0, len(todo), ALIGN_ROWS):
             part = todo[lo : lo + ALIGN_ROWS]
             seqs = [[*self._sot(jobs[k].language), sp.no_timestamps, *texts[k], sp.eot]
@@ -213,18 +213,22 @@ class WindowEngine:
             qk = torch.stack(qks, dim=1).float()  # [rows, heads, L, T]
             for r, k in enumerate(part):
                 n_sot, n_text = len(seqs[r]) - len(texts[k]) - 2, len(texts[k])
-                p = np.full(n_text, np.nan)
                 first = min(known[k], n_text)
                 if first < n_text:  # row n_sot + j predicts text token j
                     lp = torch.softmax(logits[r, n_sot + first : n_sot + n_text].float(), -1)
                     want = torch.tensor(texts[k][first:], device=lp.device)
-                    p[first:] = lp[torch.arange(n_text - first, device=lp.device), want].cpu()
-                probs[k] = p
+                    dev_p.append((k, first, lp[torch.arange(len(want), device=lp.device), want]))
                 n_frames = max(1, min(frames[k] // 2, sub.shape[1]))
                 qk_row = qk[r, :, : len(seqs[r])]
                 if not self.batched.cuda:  # the reference computes it on the CPU
                     qk_row = qk_row.cpu()
-                costs[k] = -alignment_matrix(qk_row, n_frames, n_sot).double().cpu().numpy()
+                dev_c.append((k, -alignment_matrix(qk_row, n_frames, n_sot).double()))
+        # one read per kind for every row (a read per row waited on the device twice a row)
+        probs = {k: np.full(len(texts[k]), np.nan) for k in todo}
+        for (k, first, _), got in zip(dev_p, read_back([t for _, _, t in dev_p]), strict=True):
+            probs[k][first:] = got
+        costs = {k: got for (k, _), got in zip(dev_c, read_back([t for _, t in dev_c]),
+                                                strict=True)}
         paths = dtw_paths([costs[k] for k in todo])
         language = getattr(self.single, "language", "en")
         for k, (text_idx, time_idx) in zip(todo, paths, strict=True):
@@ -288,9 +292,8 @@ class WindowEngine:
     @torch.inference_mode()
     def _decode(self, feats: torch.Tensor, rows: list[_Row], options: DecodeOptions,
                 teacher: list[list[int]] | None = None) -> list[DecodeResult]:
-        """``teacher`` (buffers made with ``buf.forced``: subd bench gpu's capacity mode): each
-        row's whole transcript, prefix included, ending with end-of-text, chosen whatever the
-        weights say."""
+        """``teacher``: each row's transcript (prefix included, then end-of-text) forced into
+        ``buf.forced`` whatever the weights say (subd bench gpu --capacity)."""
         eng, sp = self.batched, self.tokenizer.special
         buf, dev, cfg = eng.buf, eng.device, eng.config
         n, t = feats.shape[0], feats.shape[1]
@@ -337,7 +340,7 @@ class WindowEngine:
             buf.done[:n_rows] = torch.arange(n_rows, device=dev) >= n
             buf.looped[:n_rows] = False
             buf.temperature[:n_rows] = options.temperature
-            if buf.forced is not None:  # none given: the model chooses every token
+            if buf.forced is not None:  # -1: the model chooses
                 want = torch.full((n_rows, buf.forced.shape[1]), -1, dtype=torch.long)
                 for b, seq in enumerate(teacher or ()):
                     want[b, : len(seq)] = torch.tensor(seq[: buf.forced.shape[1]])

@@ -214,11 +214,17 @@ def describe(t: Trial) -> str:
 
 
 def search(label: str, make_host, spec: tuple, library, counts: list[int], setup: Setup,
-           batched: bool, log) -> tuple[Trial | None, list[Trial]]:
+           batched: bool, log, warm_s: float = 0.0) -> tuple[Trial | None, list[Trial]]:
     """Growing N until the recogniser no longer keeps up; the answer is the largest N served
-    (the visible-latency target too)."""
+    (the visible-latency target too). ``warm_s``: each N first runs that long uncounted (its
+    batch and context sizes captured as CUDA graphs: a shape first runs eagerly, then is
+    captured, which a short trial would count as its own slowness)."""
     best, trials = None, []
     for n in sorted(counts):
+        if warm_s > 0:
+            warm = dataclasses.replace(setup, duration_s=warm_s)
+            log(describe(simulate(f"{label} warm-up (not counted)", make_host(), spec, library,
+                                  n, warm, batched)))
         t = simulate(label, make_host(), spec, library, n, setup, batched)
         trials.append(t)
         log(describe(t))
@@ -291,12 +297,8 @@ def run(args) -> int:
                     f"are {args.model}'s; the figures are the capacity of both together)")
         log(f"{capacity}; built in {time.monotonic() - t0:.1f} s")
     counts = [int(x) for x in args.streams.split(",")]
-    warm = dataclasses.replace(setup, duration_s=args.warm_s)
-    if args.warm_s > 0:
-        t = simulate("warm-up (not counted)", host, spec_args, library, max(counts), warm,
-                     True)
-        log(describe(t))
-    best, _ = search("batched", lambda: host, spec_args, library, counts, setup, True, log)
+    best, _ = search("batched", lambda: host, spec_args, library, counts, setup, True, log,
+                     args.warm_s)
     naive = None
     if args.naive_streams:
         from subd.gpu.device import on_device
@@ -363,7 +365,8 @@ def naive_recognizer(model: str = "tiny.en", **opts):
 def register_args(p) -> None:
     p.add_argument("--config", default=None, help="daemon configuration (cadence, D, A)")
     p.add_argument("--precision", default="auto", help="auto, fp16, bf16, fp32, int8")
-    p.add_argument("--warm-s", type=float, default=8.0, help="warm-up trial (graph capture)")
+    p.add_argument("--warm-s", type=float, default=8.0,
+                   help="uncounted warm-up trial before each N (graph capture)")
     p.add_argument("--plot", default="gpu_policy.png", help="PNG output ('' for none)")
     p.add_argument("--capacity", default="", choices=("", "large-v3-turbo", "large-v3", "test"),
                    help="capacity mode: every batch also runs a model of this size with RANDOM "

@@ -63,10 +63,15 @@ def frame_rms_dbfs(frames: np.ndarray) -> np.ndarray:
     return 10.0 * np.log10(power + 1e-20)
 
 
+_WINDOW = np.hanning(FRAME_SAMPLES).astype(np.float32)
+_BAND = _band_bins()
+
+
 def frame_flatness(frames: np.ndarray) -> np.ndarray:
     """Spectral flatness (0 = a pure tone .. 1 = perfectly flat) of each frame in 100-4000 Hz."""
-    window = np.hanning(frames.shape[1]).astype(np.float32)
-    spectrum = np.fft.rfft(frames * window, n=_FFT_SIZE, axis=1)[:, _band_bins()]
+    window = _WINDOW if frames.shape[1] == FRAME_SAMPLES else \
+        np.hanning(frames.shape[1]).astype(np.float32)
+    spectrum = np.fft.rfft(frames * window, n=_FFT_SIZE, axis=1)[:, _BAND]
     power = np.square(np.abs(spectrum)) + _POWER_EPS
     return np.exp(np.mean(np.log(power), axis=1)) / np.mean(power, axis=1)
 
