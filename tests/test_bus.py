@@ -291,7 +291,7 @@ def test_bench_edge_prints_both_setups(tmp_path):
     assert on[1] == "2" and on[2] == "20" and float(on[5]) > 0  # 2 edges, 20 clients, p99
     assert 0 < int(on[9]) <= 400  # the stream is trimmed (MAXLEN ~ 300 in the bench)
     assert int(on[10]) >= 0 and int(rows["off"][10]) >= 0  # events stamped as a later one
-    assert "edge1 fan-out at the end (clients x us per client in the write loop): this " \
+    assert "edge1 fan-out mid-run (clients x us per client in the write loop): this " \
         "process" in out.stdout
     assert "RSS bus on (connected -> mid-run -> end): daemon" in out.stdout
     assert "p99 over all reading clients through the bus" in out.stdout

@@ -209,6 +209,9 @@ def _run_once(tmp: Path, args: argparse.Namespace, bus: bool) -> dict[str, Any]:
         middle = measured.start + len(measured) // 2
         _wait(lambda: last_k() >= middle, (args.warmup + args.ticks) / 30 + 60, "mid-run")
         rss_middle = {name: _tree_rss_mb(pid) for name, pid in pids.items()}
+        # what the edges' write loops take mid-run (the idle clients' buffers still filling)
+        fanout = [_json(p, "/healthz")["channels"]["main"]["fanout"]
+                  for _, p, _ in servers] if bus else []
         _wait(lambda: last_k() >= measured.stop + TAIL_TICKS,
               (args.warmup + args.ticks) / 30 + 60, "the measured ticks")
         rss_end = {name: _tree_rss_mb(pid) for name, pid in pids.items()}
@@ -216,7 +219,6 @@ def _run_once(tmp: Path, args: argparse.Namespace, bus: bool) -> dict[str, Any]:
         health = [_json(p, "/healthz")["channels"]["main"] for _, p, _ in servers] if bus else []
         release_p99 = [h["release_p99_ms"] for h in health]
         late = [h["late"] - n for h, n in zip(health, late_before, strict=True)]
-        fanout = [h["fanout"] for h in health]
         for proc, _, _ in dict.fromkeys(servers):  # closing the servers ends the bulk readers
             procs.stop(proc)
         readers: list[list[int]] = []
@@ -324,7 +326,7 @@ def run(args: argparse.Namespace) -> int:
     writing_ms = 0.0
     for i, shares in enumerate(rows[0]["fanout"]):
         writing_ms += sum(n * us for n, us in shares) / 1000
-        print(f"edge{i + 1} fan-out at the end (clients x us per client in the write loop): "
+        print(f"edge{i + 1} fan-out mid-run (clients x us per client in the write loop): "
               + ", ".join(f"{name} {n} x {us:.2f}" for name, (n, us) in zip(
                   ["this process"] + [f"worker {j + 1}" for j in range(len(shares) - 1)],
                   shares, strict=True)))
