@@ -50,7 +50,8 @@ def test_the_sets_are_disjoint_and_carry_the_books_punctuation(speech_clips):
 
 
 def test_the_repositorys_clips_join_the_sets_with_their_references():
-    """data/speech: JFK's punctuated reference (held out), LibriSpeech without marks (dev)."""
+    """data/speech: JFK's punctuated reference (held out), LibriSpeech 2412 with its book's
+    punctuation (dev), LJSpeech without marks (dev)."""
     from subd.bench.quality_sets import DEV_CLIPS, HELDOUT_CLIPS
 
     assert not set(DEV_CLIPS) & set(HELDOUT_CLIPS)
@@ -59,7 +60,10 @@ def test_the_repositorys_clips_join_the_sets_with_their_references():
     assert jfk.marks[:4] == ["", ",", "", ""] and jfk.marks[-1] == "."
     assert len(jfk.audio) / 16000 > 11
     libri = build_set("dev", ("speech/libri-2412-153948-0000",))
-    assert len(libri.words) == 36 and set(libri.marks) == {None}
+    assert len(libri.words) == 36 and libri.marks.count(",") == 3  # "me," "antecedents," "country;"
+    assert libri.marks[-1] == "." and libri.marks.count(".") == 1
+    lj = build_set("dev", ("speech/lj050-0131",))
+    assert set(lj.marks) == {None}
 
 
 @pytest.mark.parametrize("pace", ["real", "cpu"])
@@ -67,11 +71,14 @@ def test_bench_quality_prints_offline_and_every_d_and_writes_the_plot(tmp_path, 
                                                                       pace):
     plot, out_json = tmp_path / "q.png", tmp_path / "q.json"
     out = bench("quality", "--latencies", "1000,2000", "--sets", "heldout", "--max-clips", "1",
-                "--plot", str(plot), "--json", str(out_json), "--pace", pace, timeout_s=600)
+                "--plot", str(plot), "--json", str(out_json), "--pace", pace,
+                *(["--update-ms", "450,140"] if pace == "cpu" else []), timeout_s=600)
     rows = re.findall(r"^\s+(offline|\d+)\s+([\d.]+)\s+([\d.]+) ([\d.]+) ([\d.]+)\s+(\d+)\s+(\d+)"
                       r"\s+([\d.]+|-)", out.split("D (ms)")[-1], re.M)
     assert [r[0] for r in rows] == ["offline", "1000", "2000"]
     figures = json.loads(out_json.read_text())["heldout"]
     assert figures["2000"]["latency_s"]["p50"] >= 2.0  # never before D
     assert figures["offline"]["latency_s"] == {}
+    if pace == "cpu":  # a modelled device: updates last what --update-ms says
+        assert "modelled p50 450 ms" in out or "modelled p50 140 ms" in out
     assert plot.stat().st_size > 10_000

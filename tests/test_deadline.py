@@ -361,3 +361,40 @@ def test_the_encoder_span_does_not_flap_when_the_cost_wavers():
     assert all(chosen[2:40])  # after the two first measurements
     assert not any(chosen[45:])
     assert isinstance(plan, UpdatePlan)
+
+
+class _Talker(_ScriptedEngine):
+    """A speaker who never stops: a word every 0.5 s of whatever window it is given; records
+    the window lengths it was asked to decode."""
+
+    def __init__(self):
+        super().__init__([])
+        self.window_s: list[float] = []
+
+    def transcribe_window(self, audio, prompt=None, policy=None, prefix=(), **_):
+        n_s = len(audio) / SAMPLE_RATE_HZ
+        self.window_s.append(n_s)
+        self.scripts = ([(f"w{i}", i * 0.5, i * 0.5 + 0.4, 0.9) for i in range(int(n_s * 2))],)
+        self.n_calls = 0
+        return super().transcribe_window(audio, prompt, policy, prefix)
+
+
+@pytest.mark.parametrize("full_span", [False, True])
+def test_on_the_full_input_the_window_keeps_more_of_what_was_said(speech_clips, full_span):
+    """Whisper's full input costs the same whatever the window holds, so after a full-input
+    update the window keeps ``full_span_trim_after_ms`` of committed audio (the sentence the
+    due words belong to), after a cut-span update only ``trim_after_ms`` (the cut encoder's
+    cost grows with the window)."""
+    clip = load_audio(speech_clips[0].path)
+    audio = np.tile(clip, int(24 * SAMPLE_RATE_HZ / len(clip)) + 1)[: 24 * SAMPLE_RATE_HZ]
+    engine = _Talker()
+    rec = StreamingRecognizer(engine=engine, confident_min_probability=1.0, vad=False,
+                              trim_after_ms=4000, full_span_trim_after_ms=12000)
+    for step in range(2, 48):
+        _feed(rec, audio, step * 0.5)
+        rec.update(commit_until_ns=max(0, (step * 500 - 1000)) * MS, full_span=full_span)
+    longest = max(engine.window_s)
+    if full_span:
+        assert 12 < longest <= 14.5
+    else:
+        assert 4 < longest <= 6.5

@@ -46,7 +46,6 @@ from subd.models.engine import (
 from subd.models.words import prompt_text
 from subd.recognise.commit import after_commit_point, decide, stacked_tail_cut
 from subd.recognise.language import LanguageTracker
-from subd.recognise.loops import cut_loop
 from subd.recognise.settle import has_speech, settled_end
 from subd.recognise.vad import VoiceActivityDetector
 from subd.types import SAMPLE_RATE_HZ, AudioChunk, Hypothesis, Word, ns_to_samples, samples_to_ns
@@ -90,30 +89,27 @@ class StreamingConfig:
     # Deadline mode: a pause of pause_commit_ms after the last word commits the tail too (its
     # text; the tagger still decides its punctuation at the deadline)
     deadline_pause_commit: bool = False
-    # A word Whisper is sure of (heard out, another word after it) may commit on its first
-    # decode. Off: at 300 ms / 0.8 it flipped a LibriVox word at one update step.
+    # A word Whisper is sure of (heard out, a word after it) may commit on its first decode.
     confident_guard_ms: int = 300
     confident_min_probability: float = 1.0  # 1.0 turns single-decode commits off
     trim_after_ms: int = 6000  # committed audio kept in the window before trimming
+    # ... after an update on Whisper's full input, whose encoder sees 30 s whatever the window
+    # holds: Whisper reads words and marks from the sentence they belong to. subd bench quality
+    # --pace cpu --update-ms 450,140 | 400,130, D = 2 s, dev / espeak-ng: WER 7.0|8.7 /
+    # 14.7|12.0 % at 6 s, 5.2|5.2 / 16.0|6.7 % at 15 s; ',' F1 0.40|0.40 / 0|0.29 -> 0.67|0.86
+    # / 0.50|0.80 (at 6 s Whisper stopped punctuating the espeak-ng stream altogether)
+    full_span_trim_after_ms: int = 15000
     max_window_ms: int = 24000  # force a commit/cut before the 30 s window can overflow
     vad: bool = True
     # Offline, a low-confidence window is re-decoded at higher temperatures. Live, the window
-    # usually ends inside a word, which is what lowers the confidence; a sampled re-decode of
-    # it invents words ("Unless" -> "A millennial...") that a second sample can agree with, and
-    # costs 2-3 updates of CPU. Greedy only, unless asked for.
+    # usually ends inside a word (low confidence), and a sampled re-decode invents words
+    # ("Unless" -> "A millennial..."). Greedy only, unless asked for.
     temperature_fallback: bool = False
     force_committed_prefix: bool = True  # decode only the unconfirmed tail (see _decode)
-    # The encoder runs over the window's audio plus this much padding, rounded up to the
-    # bucket, not over Whisper's whole 30 s (models.engine.EncoderSpan). tiny.en int8 on one
-    # core, LibriVox clips streamed at the pace the CPU allows: an update costs 0.14 s
-    # instead of 0.36-0.41 s, updates come every 0.2 s instead of every 0.4 s, the median
-    # word commits 0.4-0.6 s sooner, and WER is unchanged in that mode (2 errors of 71, full
-    # window 2-5). At a forced 0.4-0.5 s cadence (tests) trimming flips 1-4 more words of
-    # 71 (the LibriVox "ill-disposed"); on espeak-ng speech (937 words) it makes fewer
-    # errors than the full window. 0: the full 30 s, as offline transcription. Re-measured
-    # with deadline decisions (subd bench quality --pace cpu, dev set, D = 1 / 2 s): the full
-    # input cost 446 ms an update instead of 130 (48 updates instead of 102) and made no fewer
-    # errors (WER 16.4 / 12.7 % against 14.5 / 12.7 %), so the span stays.
+    # The cut span (subd.pipeline.deadline chooses it per update): the encoder runs over the
+    # window's audio plus this much padding, rounded up to the bucket, not over Whisper's
+    # whole 30 s (models.engine.EncoderSpan): tiny.en int8 on one core, 0.13-0.15 s an update
+    # instead of 0.4-0.45 s. 0: the full 30 s, as offline transcription.
     encoder_pad_ms: int = 2000
     encoder_bucket_ms: int = 4000
     # "auto" (identified on the channel's first speech, subd.recognise.language) or an ISO code;
@@ -130,6 +126,7 @@ class StreamingConfig:
             ("unsure_agree_decodes", 2, 100),
             ("agree_context_ms", 0, 60000),
             ("trim_after_ms", 500, 20000),
+            ("full_span_trim_after_ms", 500, 20000),
             ("max_window_ms", 4000, 28000),
             ("encoder_pad_ms", 0, 30000),
             ("encoder_bucket_ms", 20, 30000),
@@ -224,7 +221,7 @@ class StreamingRecognizer:
         self.deadline_mode |= commit_until_ns is not None
         words = self._decode(window, FULL_SPAN if full_span else None)
         newly = self._commit(words, end, commit_until_ns)
-        newly += self._trim(end, pause_commit=commit_until_ns is None
+        newly += self._trim(end, full_span, pause_commit=commit_until_ns is None
                             or self.config.deadline_pause_commit)
         self._settle(end)
         return self._hypothesis(newly)
@@ -299,7 +296,8 @@ class StreamingRecognizer:
         # deadline mode takes due words from one hypothesis, looped copies too (see commit.py)
         if self.deadline_mode:
             words = stacked_tail_cut(words, offset_ns + samples_to_ns(len(window)))
-        return self._after_commit_point(cut_loop(words), forced=result.prefix_used)
+        return self._after_commit_point(words,
+                                        forced=result.prefix_used)
 
     def _speech_after_commit_point(self) -> bool:
         """Is there speech after the committed words (something left to transcribe)?"""
@@ -364,12 +362,13 @@ class StreamingRecognizer:
         st.settled_end = end
         return self._hypothesis(newly)
 
-    def _trim(self, end: int, pause_commit: bool = True) -> list[Word]:
+    def _trim(self, end: int, full_span: bool = False, pause_commit: bool = True) -> list[Word]:
         """Move the window start up to the commit point; commit the tail at a pause (not in
         deadline mode: a speaker who pauses may go on with the same sentence)."""
         c, st = self.config, self.state
         commit_sample = ns_to_samples(st.committed_end_ns)
-        if commit_sample - st.window_start >= c.trim_after_ms * SAMPLE_RATE_HZ // 1000:
+        keep_ms = c.full_span_trim_after_ms if full_span else c.trim_after_ms
+        if commit_sample - st.window_start >= keep_ms * SAMPLE_RATE_HZ // 1000:
             # keep a second before the commit point: a cut exactly at a word boundary (±100 ms
             # from DTW) clips the next word's onset; the repeated words are dropped again
             st.window_start = max(st.window_start, min(commit_sample, end) - LEAD_IN_SAMPLES)

@@ -160,13 +160,20 @@ def boundary_errors(
 
 
 def stream_hypotheses(
-    recognizer, audio: np.ndarray, step_samples: int = SAMPLE_RATE_HZ // 2
+    recognizer, audio: np.ndarray, step_samples: int = SAMPLE_RATE_HZ // 2,
+    deadline_context_ns: int | None = None,
 ) -> list:
-    """One streaming run: the hypothesis after each ``step_samples`` of audio, and at the end."""
+    """One streaming run: the hypothesis after each ``step_samples`` of audio, and at the end.
+    ``deadline_context_ns``: deadline mode on Whisper's full input, as the pipeline drives it
+    (subd.pipeline.deadline), every word decided with this much audio heard after it."""
     hyps = []
     for start in range(0, len(audio), step_samples):
         recognizer.accept(AudioChunk(start, audio[start : start + step_samples]))
-        hyps.append(recognizer.update())
+        if deadline_context_ns is None:
+            hyps.append(recognizer.update())
+        else:
+            end_ns = recognizer.audio_end_ns
+            hyps.append(recognizer.update(max(0, end_ns - deadline_context_ns), full_span=True))
     hyps.append(recognizer.finish())
     return hyps
 
