@@ -46,6 +46,7 @@ from subd.models.engine import (
 from subd.models.words import prompt_text
 from subd.recognise.commit import after_commit_point, decide, stacked_tail_cut
 from subd.recognise.language import LanguageTracker
+from subd.recognise.loops import cut_loop
 from subd.recognise.settle import has_speech, settled_end
 from subd.recognise.vad import VoiceActivityDetector
 from subd.types import SAMPLE_RATE_HZ, AudioChunk, Hypothesis, Word, ns_to_samples, samples_to_ns
@@ -296,8 +297,7 @@ class StreamingRecognizer:
         # deadline mode takes due words from one hypothesis, looped copies too (see commit.py)
         if self.deadline_mode:
             words = stacked_tail_cut(words, offset_ns + samples_to_ns(len(window)))
-        return self._after_commit_point(words,
-                                        forced=result.prefix_used)
+        return self._after_commit_point(cut_loop(words), forced=result.prefix_used)
 
     def _speech_after_commit_point(self) -> bool:
         """Is there speech after the committed words (something left to transcribe)?"""
