@@ -350,8 +350,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--clients", type=int, default=1000, help="SSE clients per edge")
     p.add_argument("--ticks", type=int, default=300, help="measured ticks")
     p.add_argument("--warmup", type=int, default=240,
-                   help="ticks before the measured ones: the idle clients' buffers fill and "
-                   "they are dropped meanwhile (~6 s)")
+                   help="ticks before the measured ones (8 s): the non-readers' buffers "
+                   "fill meanwhile; at ~210 B a tick one is dropped ~18 s after it connects "
+                   "(13 s to fill the socket and 16 KB, then 5 s skipped)")
     p.add_argument("--workers", type=int, default=1,
                    help="fan-out worker processes of each server (the edges; bus off, the "
                    "daemon's [sinks.sse] fanout_workers)")
