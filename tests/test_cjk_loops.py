@@ -40,3 +40,39 @@ def test_latin_repeats_are_left_to_the_decoder_guards():
     assert cut_loop(ws) == ws
     ws = words("1,2,3,4,4,4,4,4")  # one "word" of digits: not CJK
     assert cut_loop(ws) == ws
+
+
+class _Engine:
+    """Stands in for WhisperEngine.transcribe_window: which decodes a loop triggers is what
+    is tested here (the real decodes that loop are the espeak-ng stream on the full input,
+    tests/test_mandarin.py)."""
+
+    def __init__(self, *texts: str) -> None:
+        self.texts = list(texts)
+        self.calls: list[tuple] = []
+
+    def transcribe_window(self, window, prompt, policy, **kwargs):
+        from subd.models.alignment import WordTiming
+
+        self.calls.append((prompt, kwargs.get("prefix")))
+        text = self.texts.pop(0)
+        return type("Result", (), {"words": tuple(
+            WordTiming(ch, (), i * 0.2, (i + 1) * 0.2, 0.9) for i, ch in enumerate(text))})()
+
+
+def test_a_looped_decode_with_context_is_redone_without_it():
+    from subd.recognise.loops import transcribe_unlooped
+
+    eng = _Engine("不和和和和和和", "不和或者难以合作")
+    out = transcribe_unlooped(eng, None, [1, 2], None, prefix=(5, 6), retry_without_prefix=None)
+    assert "".join(w.text for w in out.words) == "不和或者难以合作"
+    assert eng.calls == [([1, 2], (5, 6)), (None, ())]
+    # the second decode loops too: the first is kept (and cut later, cut_loop)
+    eng = _Engine("千千千千千", "和和和和和")
+    out = transcribe_unlooped(eng, None, [1], None, prefix=())
+    assert "".join(w.text for w in out.words) == "千千千千千"
+    # no context to drop, or no loop: one decode
+    for texts, prompt in ((("千千千千千",), None), (("请接受这一事实",), [1])):
+        eng = _Engine(*texts)
+        transcribe_unlooped(eng, None, prompt, None, prefix=())
+        assert len(eng.calls) == 1

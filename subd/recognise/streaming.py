@@ -46,7 +46,7 @@ from subd.models.engine import (
 from subd.models.words import prompt_text
 from subd.recognise.commit import after_commit_point, decide, stacked_tail_cut
 from subd.recognise.language import LanguageTracker
-from subd.recognise.loops import cut_loop
+from subd.recognise.loops import cut_loop, transcribe_unlooped
 from subd.recognise.settle import has_speech, settled_end
 from subd.recognise.vad import VoiceActivityDetector
 from subd.types import SAMPLE_RATE_HZ, AudioChunk, Hypothesis, Word, ns_to_samples, samples_to_ns
@@ -273,8 +273,8 @@ class StreamingRecognizer:
         policy = GREEDY_POLICY if not self.config.temperature_fallback else DEFAULT_POLICY
         budget = TOKENS_BASE + TOKENS_PER_S * len(window) // SAMPLE_RATE_HZ - len(prefix)
         options = replace(DEFAULT_OPTIONS, max_new_tokens=max(TOKENS_BASE, budget))
-        result = self.engine.transcribe_window(
-            window, prompt, policy, options=options, prefix=prefix,
+        result = transcribe_unlooped(
+            self.engine, window, prompt, policy, options=options, prefix=prefix,
             retry_without_prefix=self._speech_after_commit_point,  # asked only if needed
             span=span or self.span, language=self.languages.language,
         )
