@@ -146,30 +146,40 @@ def words_from_path(tokenizer: WhisperTokenizer, text_tokens: list[int], known: 
 
 
 def dtw_paths(costs: list[np.ndarray]) -> list[tuple[np.ndarray, np.ndarray]]:
-    """``dtw_path`` of several cost matrices at once (one anti-diagonal sweep for all, the
-    per-matrix cost being the sweep's Python overhead): the same paths, ties broken alike."""
+    """``dtw_path`` of several cost matrices at once (one anti-diagonal sweep for all): the
+    same paths, ties broken alike. The accumulated costs are kept skewed, ``acc[d, :, i]`` for
+    cell (i, d - i), so that each diagonal reads and writes contiguous slices (indexing the
+    [b, N, M] arrays by position cost ~0.4 ms a diagonal: 0.7 s for 60 windows)."""
     if len(costs) <= 1:
         return [dtw_path(c) for c in costs]
     b = len(costs)
     n = max(c.shape[0] for c in costs)
     m = max(c.shape[1] for c in costs)
-    cost = np.full((b, n, m), np.inf)
-    for k, c in enumerate(costs):
-        cost[k, : c.shape[0], : c.shape[1]] = c  # outside a matrix: unreachable for its path
-    acc = np.full((b, n + 1, m + 1), np.inf)
-    acc[:, 0, 0] = 0.0
-    trace = np.zeros((b, n + 1, m + 1), dtype=np.int8)
+    skew = np.full((n + m + 1, b, n + 1), np.inf)  # skew[i + j, k, i]: matrix k's cell (i, j)
+    for k, c in enumerate(costs):  # outside a matrix: unreachable for its path
+        ii, jj = np.indices(c.shape)
+        skew[ii + jj + 2, k, ii + 1] = c
+    acc = np.full((n + m + 1, b, n + 1), np.inf)
+    acc[0, :, 0] = 0.0
+    trace = np.zeros((n + m + 1, b, n + 1), dtype=np.int8)
     for d in range(2, n + m + 1):
-        i = np.arange(max(1, d - m), min(n, d - 1) + 1)
-        j = d - i
-        cands = np.stack([acc[:, i - 1, j - 1], acc[:, i - 1, j], acc[:, i, j - 1]])
-        best = np.argmin(cands, axis=0)  # [b, len]
-        acc[:, i, j] = cost[:, i - 1, j - 1] + np.take_along_axis(cands, best[None], 0)[0]
-        trace[:, i, j] = best
-    return [_trace_back(trace[k], c.shape[0], c.shape[1]) for k, c in enumerate(costs)]
+        lo, hi = max(1, d - m), min(n, d - 1) + 1  # cells (i, d - i), lo <= i < hi
+        diag = acc[d - 2, :, lo - 1 : hi - 1]  # (i - 1, j - 1)
+        up, left = acc[d - 1, :, lo - 1 : hi - 1], acc[d - 1, :, lo:hi]  # (i - 1, j), (i, j - 1)
+        # argmin's order: the first smallest wins (diagonal, then up, then left)
+        is_up = up < diag
+        best = np.where(is_up, up, diag)
+        is_left = left < best
+        np.copyto(best, left, where=is_left)
+        np.add(skew[d, :, lo:hi], best, out=acc[d, :, lo:hi])
+        trace[d, :, lo:hi] = np.where(is_left, 2, is_up)
+    return [_trace_back(trace[:, k, :], c.shape[0], c.shape[1], skewed=True)
+            for k, c in enumerate(costs)]
 
 
-def _trace_back(trace: np.ndarray, n: int, m: int) -> tuple[np.ndarray, np.ndarray]:
+def _trace_back(trace: np.ndarray, n: int, m: int,
+                skewed: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """The path ending at (n, m); ``skewed``: ``trace`` is indexed [i + j, i]."""
     i, j = n, m
     rows, cols = [], []
     while i > 0 or j > 0:
@@ -180,7 +190,7 @@ def _trace_back(trace: np.ndarray, n: int, m: int) -> tuple[np.ndarray, np.ndarr
         elif j == 0:
             i -= 1
         else:
-            step = trace[i, j]
+            step = trace[i + j, i] if skewed else trace[i, j]
             if step == 0:
                 i, j = i - 1, j - 1
             elif step == 1:

@@ -203,7 +203,7 @@ def simulate(label: str, host, spec: tuple, library: np.ndarray, n: int, setup: 
 
 def describe(t: Trial) -> str:
     return (f"{t.label} N={t.n_channels:5d} served={t.served!s:5s} keeps_up={t.keeps_up!s:5s} "
-            f"words={t.n_words:6d} "
+            f"updates={t.n_updates:6d} words={t.n_words:6d} "
             f"late_words={t.n_late:5d} late_updates={t.n_late_updates:5d} "
             f"failed={t.n_failed} full_span={t.n_full} "
             f"visible p50/p95 {t.pct('visible_ms', 50):6.0f}/"
