@@ -1,21 +1,18 @@
 """``subd bench fanout``: SSE publish-time error and memory with many clients, half not reading.
 
 The SSE sink runs in this process with a deadline publisher like the daemon's: at T(k) - 2 ms
-``prepare`` (layout, encoding; the fan-out workers get the event with its release time T(k)),
-then spin to T(k) and ``publish`` (writes only); SCHED_FIFO when allowed, and ``--workers``
-fan-out worker processes inherit it. Clients run in other processes so they do not share this
-GIL: a bulk process holds the plain readers and the non-readers (small receive buffers, never
-read), and a probe process (SCHED_FIFO when allowed) reads like a viewer.
+``prepare`` (layout, encoding; the ``--workers`` fan-out processes get the event with its
+release time T(k)), then spin to T(k) and ``publish`` (writes only), SCHED_FIFO when allowed.
+Clients run in other processes (not this GIL): a bulk process holds the plain readers and the
+non-readers (small receive buffers, never read), a probe process reads like a viewer.
 
 What is measured is ``time - due_ns`` of every event at every reading client, on the shared
 monotonic clock. For the bulk readers the time is the kernel's arrival stamp on their socket
 (``SO_TIMESTAMPNS``), not their read time: they are one ``epoll`` loop doing raw ``recv``
 at normal priority (they stand for other machines; cheap per event, like a browser's network
 thread), and when that loop gets the CPU is not the server's error. The headline is the p99
-over all of them, and the p99 of the worst reader. The probe connects last, so it is the last
-client of whichever process writes to it; it records its read time and arrival. A probe
-alone under-reports: when its process wrote faster than the other, its p99 was up to 1.3 ms
-below the worst reader's (measured).
+over all of them, and the p99 of the worst reader. The probe (connected last) records its read
+time and arrival; alone it under-reports (up to 1.3 ms below the worst reader's p99).
 """
 
 from __future__ import annotations
@@ -191,16 +188,14 @@ def _bulk_main(port: int, n_readers: int, n_idle: int, measured: range, rejoin: 
             events, state[0] = _deltas(state[0] + data)
             errors = [stamp - due for k, due in events if k in measured]
             state[1].extend(errors)
-            # the stamp is the last segment's (the kernel merges queued ones): an event read
-            # together with a later one (a reader more than a tick behind) gets a late stamp
+            # the stamp is the last segment's: an event read with a later one gets a late stamp
             n_shared += max(0, len(errors) - (0 if state[0].strip() else 1))  # (a chunk's CRLF)
         while rejoin_at and rejoin_at[0] <= time.monotonic() and not done:
             rejoin_at.popleft()
             sock = _client(port, idle=True, wait=False, path=path)
             connecting[sock.fileno()] = sock
             ep.register(sock.fileno(), select.EPOLLOUT)
-    print(json.dumps({"errors_ns": done, "rejoined": n_rejoined, "shared_stamp": n_shared}),
-          flush=True)
+    print(json.dumps({"errors_ns": done, "rejoined": n_rejoined, "shared_stamp": n_shared}))
 
 
 def _probe_main(port: int, last_k: int, measured: range) -> None:

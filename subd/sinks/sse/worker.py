@@ -1,10 +1,8 @@
 """SSE fan-out worker process: writes each tick's event to the client sockets handed to it.
 
-Why a process: on loopback one ``send`` costs ~4 us of kernel time (the receiver's TCP path and
-its wake-up run inside the sender's syscall), so one publisher writing to 500 readers needs
-~2 ms per tick on one core, and the last reader waits for all of it. Threads do not spread
-that: every send needs the GIL around it, and measured, two sending threads were slower than
-one. Worker processes split the clients, so the fan-out runs on several cores at once.
+Why a process: on loopback one ``send`` costs ~4 us of kernel time (the receiver's TCP path
+runs inside it): 500 readers take ~2 ms a tick on one core. Threads do not spread that (the
+GIL; two sending threads were slower than one): worker processes split the clients.
 
 Division of labour: the SSE sink (the parent, :mod:`subd.sinks.sse.link`) keeps HTTP, CORS,
 replay and the encoding of every event; a worker only writes. Once a client's headers and
@@ -15,8 +13,8 @@ is skipped forward (counted) and gets a full resync when it reads again; one sta
 ``drop_after_ms`` is reset. Times come from the parent's clock inside each message, so the
 policy is the same under a test's fake clock.
 
-Waking a sleeping process takes 0.2-0.4 ms on the development VM (the idle vCPU has to be
-scheduled again), more than half the fan-out budget. So the parent sends tick k ahead, at its
+Waking a sleeping process takes 0.2-0.4 ms on the development VM, more than half the fan-out
+budget. So the parent sends tick k ahead, at its
 look-ahead (``SSESink.prepare``, T(k) - 2 ms), with its release time T(k) on the monotonic
 clock: the worker sleeps until ``SPIN_EARLY_NS`` before it, polls from there, and writes at
 T(k) itself, at the same moment as the parent writes its own share. A tick sent without a
@@ -368,23 +366,18 @@ class FanoutWorker:
 def set_priority(priority: int) -> None:
     """SCHED_FIFO ``priority``, or normal scheduling for 0 (or where FIFO is not allowed).
 
-    By default (0) real-time priority belongs to the daemon's publisher thread only: a
-    fan-out worker spawned after it was granted inherits SCHED_FIFO, and the model processes
-    need the cores between ticks. An edge has no model: there its workers run at FIFO just
-    below its own loop ([sinks.sse] fanout_priority), because a normal-priority writer
-    waits for a core behind the readers it wakes and any other load (subd bench edge, 500
-    clients on the loaded 2-core machine: p99 10.6 ms with normal workers, 1.9 ms at FIFO). A
-    worker spins only from SPIN_EARLY_NS before a release and never waits on a client."""
-    try:
-        if priority > 0:
+    By default (0) real-time priority is the daemon's publisher thread's only: a worker
+    spawned after it was granted inherits SCHED_FIFO, and the models need the cores between
+    ticks. An edge has no model: its workers run at FIFO just below its loop ([sinks.sse]
+    fanout_priority), since a normal writer waits behind the readers it wakes and any other
+    load (subd bench edge, 500 clients, loaded 2-core machine: p99 10.6 ms normal, 1.9 ms
+    FIFO). A worker spins only from SPIN_EARLY_NS before a release, never on a client."""
+    for policy, prio in ((os.SCHED_FIFO, priority), (os.SCHED_OTHER, 0)):
+        if policy == os.SCHED_OTHER or priority > 0:
             try:
-                os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(priority))
-                return
-            except PermissionError:
+                return os.sched_setscheduler(0, policy, os.sched_param(prio))
+            except (AttributeError, OSError):
                 pass
-        os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
-    except (AttributeError, OSError):
-        pass
 
 
 def main(argv: list[str]) -> int:
