@@ -398,3 +398,35 @@ def test_on_the_full_input_the_window_keeps_more_of_what_was_said(speech_clips, 
         assert 12 < longest <= 14.5
     else:
         assert 4 < longest <= 6.5
+
+
+class _StopsEarly(_ScriptedEngine):
+    """A decode that ends its transcript 3 s into whatever window it is given (Whisper closing
+    the transcript at the forced prefix's sentence end, or early, with speech still after)."""
+
+    def __init__(self):
+        super().__init__([])
+        self.n_decodes = 0
+
+    def transcribe_window(self, audio, prompt=None, policy=None, prefix=(), **_):
+        self.scripts = ([(f"d{self.n_decodes}w{i}", i * 0.5, i * 0.5 + 0.4, 0.9)
+                         for i in range(6)],)  # each decode's own words: no two agree
+        self.n_calls, self.n_decodes = 0, self.n_decodes + 1
+        return _ScriptedEngine.transcribe_window(self, audio, prompt, policy, prefix)
+
+
+def test_speech_a_decode_leaves_out_is_decoded_from_the_commit_point(speech_clips):
+    """Whisper ends a transcript early while speech goes on after it: the window moves to the
+    commit point at once (as offline Whisper seeks to where its transcript stopped), so the
+    next decode starts at the speech left out instead of stopping at the same place again."""
+    clip = load_audio(speech_clips[0].path)
+    audio = np.tile(clip, int(12 * SAMPLE_RATE_HZ / len(clip)) + 1)[: 12 * SAMPLE_RATE_HZ]
+    rec = StreamingRecognizer(engine=_StopsEarly(), confident_min_probability=1.0)
+    committed = []
+    for step in range(2, 24):
+        _feed(rec, audio, step * 0.5)
+        hyp = rec.update(commit_until_ns=max(0, step * 500 - 1000) * MS, full_span=True)
+        committed += hyp.committed
+    assert committed and committed[-1].end_ns > 8_000 * MS  # past the first window's 3 s
+    starts = [w.start_ns for w in committed]
+    assert starts == sorted(starts)

@@ -5,9 +5,7 @@ hypothesis with the most right context that is in by then (``update(commit_until
 alone, LocalAgreement-2 with bounded lag, as follows.
 
 * Each ``update`` decodes the window [window_start, audio_end) with the committed text as the
-  previous-text prompt. The encoder runs over the window's audio plus ``encoder_pad_ms``, not
-  Whisper's whole 30 s input (``models.engine.EncoderSpan``); the end-of-stream decode, which
-  commits without a second opinion, gets the full input.
+  previous-text prompt, over Whisper's whole 30 s input or a cut span (``update(full_span)``).
 * Words of the new hypothesis that lie before the commit point are dropped; a word is committed
   when two consecutive hypotheses that both heard it out agree on it (same normalised text, in
   order) and Whisper gave it at least ``agree_min_probability`` in both — or, for a word it stays
@@ -16,14 +14,12 @@ alone, LocalAgreement-2 with bounded lag, as follows.
   ``confident_guard_ms`` before the audio end, another word after it), or when it is older
   than ``max_tentative_ms`` (bounded latency), or when the voice-activity detector shows a pause
   of ``pause_commit_ms`` after it (end of an utterance: nothing will change it any more).
-* Committed words are never changed or retracted. After each commit the window start moves up to
-  the commit point once ``trim_after_ms`` of committed audio has built up, so the window (and the
-  cost of an update) stays bounded however long the stream runs. The window can never overflow
-  30 s: at ``max_window_ms`` without a commit, all but the last hypothesis word are committed and
-  the window is cut there (DESIGN: "it drops speech").
-* Windows without speech are not decoded (VAD gating); short loops are caught by the engine's
-  repetition guard, and a decode's token budget grows with its window (``TOKENS_BASE`` +
-  ``TOKENS_PER_S``), so a runaway repeat of a whole sentence is cut short.
+* Committed words are never changed or retracted. The window start moves up to the commit point
+  once ``trim_after_ms`` of committed audio has built up (``_trim``), so an update's cost stays
+  bounded. At ``max_window_ms`` without a commit, all but the last hypothesis word are committed
+  and the window is cut there (DESIGN: "it drops speech").
+* Windows without speech are not decoded (VAD gating); loops are caught by the engine's
+  repetition guard and a token budget that grows with the window (``TOKENS_PER_S``).
 """
 
 from __future__ import annotations
@@ -55,12 +51,11 @@ from subd.validate import check_choice, check_range
 NS_PER_MS = 1_000_000
 PROMPT_WORDS = 60  # committed words given as context (≈ 80 tokens)
 LEAD_IN_SAMPLES = SAMPLE_RATE_HZ  # audio kept before the commit point when the window moves
+STALL_SAMPLES = SAMPLE_RATE_HZ  # speech heard out this long must be in a decode's words
 GREEDY_POLICY = FallbackPolicy(temperatures=(0.0,))
 # A live decode's token budget grows with its window: offline decodes of the LibriVox clips and
-# of espeak-ng at 160 words/min take 3.2-4.4 tokens/s with the timestamps, so 10/s leaves room
-# for fast speakers. On a cut encoder input Whisper can loop a whole sentence (longer than the
-# decode loop guard's n-grams): on the looped soak clip 17 % of updates wrote ~180 words for 2 s
-# of audio and took 1.8 s. The budget ends such a decode, and its repeating tail is cut.
+# of espeak-ng at 160 words/min take 3.2-4.4 tokens/s with the timestamps. On a cut input Whisper
+# can loop a whole sentence (~180 words for 2 s of audio): the budget ends it, its tail is cut.
 TOKENS_BASE = 20
 TOKENS_PER_S = 10
 
@@ -222,7 +217,7 @@ class StreamingRecognizer:
         self.deadline_mode |= commit_until_ns is not None
         words = self._decode(window, FULL_SPAN if full_span else None)
         newly = self._commit(words, end, commit_until_ns)
-        newly += self._trim(end, full_span, pause_commit=commit_until_ns is None
+        newly += self._trim(end, full_span, not words, pause_commit=commit_until_ns is None
                             or self.config.deadline_pause_commit)
         self._settle(end)
         return self._hypothesis(newly)
@@ -302,15 +297,12 @@ class StreamingRecognizer:
     def _speech_after_commit_point(self) -> bool:
         """Is there speech after the committed words (something left to transcribe)?"""
         first = max(ns_to_samples(self.state.committed_end_ns), self.state.window_start)
-        if self.vad is None:
-            return True
-        end = self.audio.end_sample
-        return self._has_speech(first, end)
+        return self.vad is None or self._has_speech(first, self.audio.end_sample)
 
     def _after_commit_point(self, words: list[Word], forced: bool = False) -> list[Word]:
         """Drop hypothesis words that re-state committed audio (subd.recognise.commit)."""
-        return after_commit_point(words, self.state.committed, self.state.committed_end_ns,
-                                  forced)
+        st = self.state
+        return after_commit_point(words, st.committed, st.committed_end_ns, forced)
 
     def _commit(self, words: list[Word], end: int, commit_until_ns: int | None) -> list[Word]:
         st = self.state
@@ -362,12 +354,20 @@ class StreamingRecognizer:
         st.settled_end = end
         return self._hypothesis(newly)
 
-    def _trim(self, end: int, full_span: bool = False, pause_commit: bool = True) -> list[Word]:
+    def _trim(self, end: int, full_span: bool = False, no_words: bool = False,
+              pause_commit: bool = True) -> list[Word]:
         """Move the window start up to the commit point; commit the tail at a pause (not in
-        deadline mode: a speaker who pauses may go on with the same sentence)."""
+        deadline mode: a speaker who pauses may go on with the same sentence). A decode that
+        left out speech heard out for ``STALL_SAMPLES`` after the commit point moves it there
+        at once, as offline Whisper seeks to where its transcript stopped: the same window
+        stopped there again at every update (the dev set's last clip, lost at D = 4 s)."""
         c, st = self.config, self.state
         commit_sample = ns_to_samples(st.committed_end_ns)
         keep_ms = c.full_span_trim_after_ms if full_span else c.trim_after_ms
+        after = max(commit_sample, st.window_start)
+        if no_words and self.vad is not None and after < end - STALL_SAMPLES and \
+                self._has_speech(after, end - STALL_SAMPLES):
+            keep_ms = 0
         if commit_sample - st.window_start >= keep_ms * SAMPLE_RATE_HZ // 1000:
             # keep a second before the commit point: a cut exactly at a word boundary (±100 ms
             # from DTW) clips the next word's onset; the repeated words are dropped again

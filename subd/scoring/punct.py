@@ -182,7 +182,8 @@ def stream_hypotheses(
 # streaming runs (the model weights are named by the recogniser's model name).
 _RECOGNISER_FILES = (
     "subd/recognise/streaming.py", "subd/recognise/vad.py", "subd/history.py", "subd/types.py",
-    "models/engine.py",
+    "subd/recognise/commit.py", "subd/recognise/loops.py", "subd/recognise/settle.py",
+    "subd/recognise/language.py", "models/engine.py",
     "models/alignment.py", "models/decoding.py", "models/loading.py", "models/whisper.py",
     "models/tokenizer.py", "kernels/mel.py",
 )
