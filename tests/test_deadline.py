@@ -430,3 +430,22 @@ def test_speech_a_decode_leaves_out_is_decoded_from_the_commit_point(speech_clip
     assert committed and committed[-1].end_ns > 8_000 * MS  # past the first window's 3 s
     starts = [w.start_ns for w in committed]
     assert starts == sorted(starts)
+
+
+def test_a_span_probe_that_decoded_nothing_is_made_again():
+    """A stream that starts in silence: the first updates decode nothing and cost nothing, so
+    they measure neither kind. Each kind is probed until an update of it is measured, and a
+    fast device (40 / 30 ms an update) then runs on the full input at D = 1 s."""
+    from subd.pipeline.deadline import UpdatePlanner
+
+    planner = UpdatePlanner("auto")
+    grid = TickGrid.create("30", T0_NS, 1000, 150)
+    chosen = []
+    for i in range(40):
+        plan = planner.plan(grid, T0_NS + i * 200 * MS)
+        chosen.append(plan.full_span)
+        if i >= 10:  # speech from the 11th update on: only decoded updates are recorded
+            planner.record(plan, (40 if plan.full_span else 30) * MS)
+    assert all(chosen[:11])  # the full input is probed until it is measured
+    assert chosen[11] is False  # then the cut span, once
+    assert all(chosen[12:])

@@ -23,9 +23,9 @@ The encoder span is chosen here too, per update (``[recognizer] encoder_span``):
   flap from update to update, so 0.75 s keeps D = 1 s on the cut span and D = 2 s on the full
   input on that machine. On a GPU (both spans cost little) it is the full input at every D.
 
-Both kinds are measured on the channel's first two updates, and the one not in use is measured
-again every ``PROBE_EVERY`` updates (load and devices change); until measured, a kind is assumed
-to cost ``FIRST_COST_NS``.
+Both kinds are measured on the channel's first two decoded updates, and the one not in use is
+measured again every ``PROBE_EVERY`` updates (load and devices change); until measured, a kind
+is assumed to cost ``FIRST_COST_NS``.
 """
 
 from __future__ import annotations
@@ -71,7 +71,8 @@ class UpdatePlanner:
         self._costs = {kind: collections.deque(maxlen=UPDATE_COSTS_KEPT)
                        for kind in (False, True)}
         self.n_full = 0
-        self._last_used = {False: -PROBE_EVERY, True: -PROBE_EVERY}  # plan number
+        # plan number of each kind's last measured (decoded) update, None: never
+        self._last_measured: dict[bool, int | None] = {False: None, True: None}
         self._n_plans = 0
         self._on_full = False  # the last choice that was not a probe
 
@@ -83,12 +84,12 @@ class UpdatePlanner:
 
     def record(self, plan: UpdatePlan, cost_ns: int) -> None:
         self._costs[plan.full_span].append(cost_ns)
+        self._last_measured[plan.full_span] = self._n_plans
 
     def plan(self, grid: TickGrid, now_ns: int) -> UpdatePlan:
         gap = int(self.min_update_ms * NS_PER_MS / grid.rate)
         full = self._choose_full(grid, gap)
         self._n_plans += 1
-        self._last_used[full] = self._n_plans
         self.n_full += full
         cost = self.cost_ns(full)
         # the next result is in one update cost after this one's, or after the audio for the
@@ -100,8 +101,11 @@ class UpdatePlanner:
     def _choose_full(self, grid: TickGrid, gap_ns: int) -> bool:
         if self.span != "auto":
             return self.span == "full"
-        for kind in (True, False):  # measure each kind first, and each again now and then
-            if self._n_plans - self._last_used[kind] >= PROBE_EVERY:
+        # measure each kind first, and each again now and then; a probe that decoded nothing
+        # (silence: the stream's first updates) measured nothing and is made again
+        for kind in (True, False):
+            last = self._last_measured[kind]
+            if last is None or self._n_plans - last >= PROBE_EVERY:
                 return kind
         budget = grid.latency_ns - grid.lookahead_ns - UPDATE_MARGIN_NS
 
