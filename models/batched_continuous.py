@@ -73,6 +73,8 @@ class _Gathered:
             setattr(self, name, getattr(buf, name).index_select(0, ix))
         self.all_done = torch.zeros((), dtype=torch.bool, device=ix.device)
         self.rng_seed = buf.rng_seed  # shared: gathered rows draw from the same counter
+        # teacher forcing (bench gpu's capacity mode), read by BatchRules.select
+        self.forced = None if buf.forced is None else buf.forced.index_select(0, ix)
 
     def scatter_back(self, buf, ix: torch.Tensor) -> None:
         for name in self.WRITTEN:
