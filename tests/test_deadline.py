@@ -345,22 +345,36 @@ def test_a_looped_phrase_timed_past_the_audio_is_not_speech():
     assert stacked_tail_cut(real, 2_930 * MS) == real  # one word at the very end: kept
 
 
+def _spans_chosen(latency_ms: int, n: int, step_ms: int, cost_ms) -> list[bool]:
+    """The span the daemon's planner chooses for each of ``n`` updates ``step_ms`` apart;
+    update i costs ``cost_ms(i, full)`` (None: it decoded nothing, so nothing is recorded)."""
+    from subd.pipeline.deadline import UpdatePlanner
+
+    planner = UpdatePlanner("auto")
+    grid = TickGrid.create("30", T0_NS, latency_ms, 150)
+    chosen = []
+    for i in range(n):
+        plan = planner.plan(grid, T0_NS + i * step_ms * MS)
+        chosen.append(plan.full_span)
+        cost = cost_ms(i, plan.full_span)
+        if cost is not None:
+            planner.record(plan, cost * MS)
+    return chosen
+
+
 def test_the_encoder_span_does_not_flap_when_the_cost_wavers():
     """Near the threshold (D = 2 s, the full input's cost moving 0.45-0.58 s with the load) the
     planner stays on the full input; it leaves it when the cost really grows."""
     from subd.pipeline.deadline import UpdatePlan, UpdatePlanner
 
-    planner = UpdatePlanner("auto")
-    grid = TickGrid.create("30", T0_NS, 2000, 150)
-    chosen = []
-    for i in range(60):
-        plan = planner.plan(grid, T0_NS + i * 500 * MS)
-        chosen.append(plan.full_span)
-        full_cost = (450 if (i + 1) % 3 else 580) if i < 40 else 900
-        planner.record(plan, (full_cost if plan.full_span else 130) * MS)
+    def cost_ms(i: int, full: bool) -> int:
+        return ((450 if (i + 1) % 3 else 580) if i < 40 else 900) if full else 130
+
+    chosen = _spans_chosen(2000, 60, 500, cost_ms)
     assert all(chosen[2:40])  # after the two first measurements
     assert not any(chosen[45:])
-    assert isinstance(plan, UpdatePlan)
+    assert isinstance(UpdatePlanner("auto").plan(TickGrid.create("30", T0_NS, 2000, 150), T0_NS),
+                      UpdatePlan)
 
 
 class _Talker(_ScriptedEngine):
@@ -436,16 +450,8 @@ def test_a_span_probe_that_decoded_nothing_is_made_again():
     """A stream that starts in silence: the first updates decode nothing and cost nothing, so
     they measure neither kind. Each kind is probed until an update of it is measured, and a
     fast device (40 / 30 ms an update) then runs on the full input at D = 1 s."""
-    from subd.pipeline.deadline import UpdatePlanner
-
-    planner = UpdatePlanner("auto")
-    grid = TickGrid.create("30", T0_NS, 1000, 150)
-    chosen = []
-    for i in range(40):
-        plan = planner.plan(grid, T0_NS + i * 200 * MS)
-        chosen.append(plan.full_span)
-        if i >= 10:  # speech from the 11th update on: only decoded updates are recorded
-            planner.record(plan, (40 if plan.full_span else 30) * MS)
+    # speech from the 11th update on: only decoded updates are recorded
+    chosen = _spans_chosen(1000, 40, 200, lambda i, full: None if i < 10 else 40 if full else 30)
     assert all(chosen[:11])  # the full input is probed until it is measured
     assert chosen[11] is False  # then the cut span, once
     assert all(chosen[12:])
