@@ -44,6 +44,7 @@ class Trial:
     n_updates: int = 0
     n_words: int = 0
     n_late: int = 0  # words committed after their tick's look-ahead fetch
+    late_why: dict[str, int] = field(default_factory=dict)  # gpu_report.late_cause: count
     n_late_updates: int = 0  # updates whose round trip exceeded D - A
     n_failed: int = 0
     n_full: int = 0  # updates the planner sent on Whisper's full 30 s input
@@ -125,6 +126,7 @@ class Channels:
 
 def simulate(label: str, host, spec: tuple, library: np.ndarray, n: int, setup: Setup,
              batched: bool) -> Trial:
+    from subd.bench.gpu_report import late_cause
     from subd.bench.gpu_sim import UtilSampler
     from subd.pipeline.deadline import UpdatePlanner
     from subd.pipeline.ticks import TickGrid
@@ -144,6 +146,7 @@ def simulate(label: str, host, spec: tuple, library: np.ndarray, n: int, setup: 
     grids = [TickGrid.create(setup.fps, int(start[i]), setup.latency_ms, setup.lookahead_ms)
              for i in range(n)]
     plans = [None] * n
+    previous: list[tuple] = [((), None)] * n  # last result's tentative words, its deadline
     end_ns = t0 + int((setup.ramp_s + setup.duration_s) * NS_PER_S)
     with UtilSampler() as util:
         while (now := time.monotonic_ns()) < end_ns:
@@ -192,9 +195,13 @@ def simulate(label: str, host, spec: tuple, library: np.ndarray, n: int, setup: 
                     trial.n_words += 1
                     trial.commit_ms.append(lat / NS_PER_MS)
                     trial.visible_ms.append(max(d_ns, lat + a_ns) / NS_PER_MS)
-                    trial.n_late += lat > d_ns - a_ns
+                    if lat > d_ns - a_ns:
+                        trial.n_late += 1
+                        why = late_cause(w, (t_done - start[i]) / NS_PER_S, *previous[i])
+                        trial.late_why[why] = trial.late_why.get(why, 0) + 1
                     if i < 8:
                         trial.texts.setdefault(i, []).append(w.text)
+                previous[i] = (hyp.tentative, plans[i].commit_until_ns)
     trial.gpu_util_pct = util.mean
     trial.offsets, trial.sent = ch.offsets, ch.sent.copy()
     ch.close()
@@ -204,7 +211,7 @@ def simulate(label: str, host, spec: tuple, library: np.ndarray, n: int, setup: 
 def describe(t: Trial) -> str:
     return (f"{t.label} N={t.n_channels:5d} served={t.served!s:5s} keeps_up={t.keeps_up!s:5s} "
             f"updates={t.n_updates:6d} words={t.n_words:6d} "
-            f"late_words={t.n_late:5d} late_updates={t.n_late_updates:5d} "
+            f"late_words={t.n_late:5d} {t.late_why} late_updates={t.n_late_updates:5d} "
             f"failed={t.n_failed} full_span={t.n_full} "
             f"visible p50/p95 {t.pct('visible_ms', 50):6.0f}/"
             f"{t.pct('visible_ms', 95):6.0f} ms commit p50/p95 {t.pct('commit_ms', 50):6.0f}/"

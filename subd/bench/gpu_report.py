@@ -7,6 +7,25 @@ import numpy as np
 
 # trials and the setup are subd.bench.gpu_policy's Trial and Setup (not imported: that module
 # imports this one)
+FIRST_S = 3.0  # a late word this early in its channel: the planner had measured little yet
+
+
+def late_cause(word, channel_s: float, previous, previous_until_ns: int | None) -> str:
+    """Why a word was committed after its tick's fetch, from the channel's previous result
+    (``previous``: its tentative words; ``previous_until_ns``: that update's deadline)."""
+    from subd.recognise.commit import norm_word
+
+    if channel_s < FIRST_S:
+        return "first_3s"
+    if previous_until_ns is None:
+        return "first_update"
+    seen = [w for w in previous if norm_word(w.text) == norm_word(word.text)
+            and abs(w.end_ns - word.end_ns) < 400_000_000]
+    if not seen:  # Whisper had left it out, or wrote it otherwise
+        return "unseen"
+    # due but not committed: not heard out (its end too close to the audio end); deferred:
+    # the planner expected the next result before the word's fetch, and it came after
+    return "due" if seen[0].end_ns <= previous_until_ns else "deferred"
 
 def offline_wer(engine, library: np.ndarray, trial, n_check: int = 4) -> float:
     """WER of the committed words against the same engine transcribing the same audio

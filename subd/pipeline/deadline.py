@@ -25,7 +25,17 @@ The encoder span is chosen here too, per update (``[recognizer] encoder_span``):
 
 Both kinds are measured on the channel's first two decoded updates, and the one not in use is
 measured again every ``PROBE_EVERY`` updates (load and devices change); until measured, a kind
-is assumed to cost ``FIRST_COST_NS``.
+is assumed to cost ``FIRST_COST_NS``, and no less than the other kind was measured to cost.
+
+The next result is in one update cost after this one's, of the kind the *next* update will be.
+Round trips that vary (a batched recogniser: a channel's answer waits for its whole batch, and
+batches differ in size and span) come in later than two quantiles of single costs say, so the
+planner also measures the horizon itself, from an update's sending to the next result, and
+expects the next result no sooner than the ``HORIZON_QUANTILE`` of the last ones (subd bench gpu
+--device cpu, 2 channels batched: 8-14 of ~105 words were committed after their tick's fetch,
+nearly all deferred words whose next result came 0.3-1 s after the estimate; on a fake clock
+with round trips of 300 or 900 ms, tests/test_batched_deadline.py: 6-18 of 70 words late, p95
+shown 2.29-2.69 s at D = 2 s, and 1-5 with the horizon, p95 2.00-2.19 s).
 """
 
 from __future__ import annotations
@@ -54,12 +64,18 @@ FULL_SPAN_HYSTERESIS_NS = 300_000_000
 # where it loses costs that update's due words right context
 PROBE_EVERY = 300
 SPANS = ("auto", "cut", "full")
+# how long after an update was sent the next result came in: the last HORIZONS_KEPT of them,
+# and the next result is expected no sooner than their HORIZON_QUANTILE (where round trips are
+# steady, as on one CPU core, that is the estimate from the two costs)
+HORIZONS_KEPT = 20
+HORIZON_QUANTILE = 0.95
 
 
 @dataclass(frozen=True, slots=True)
 class UpdatePlan:
     commit_until_ns: int  # audio time: every word ending by then is decided by this update
     full_span: bool  # the encoder runs over Whisper's whole input
+    sent_ns: int = 0  # when it was planned (sent)
 
 
 class UpdatePlanner:
@@ -75,28 +91,53 @@ class UpdatePlanner:
         self._last_measured: dict[bool, int | None] = {False: None, True: None}
         self._n_plans = 0
         self._on_full = False  # the last choice that was not a probe
+        self._horizons = collections.deque(maxlen=HORIZONS_KEPT)  # send to next result, ns
+        self._recorded: tuple[int, UpdatePlan] | None = None  # (plan number, plan) last recorded
 
     def cost_ns(self, full: bool) -> int:
         costs = sorted(self._costs[full])
         if not costs:
-            return FIRST_COST_NS[full]
+            # never measured: no cheaper than the other kind was (a loaded machine or a
+            # batched recogniser makes both dearer than an idle core's first guess)
+            return max([FIRST_COST_NS[full], *self._costs[not full]])
         return costs[min(len(costs) - 1, int(UPDATE_COST_QUANTILE * len(costs)))]
+
+    def horizon_ns(self) -> int:
+        """How long after an update is sent the next result is in, as measured (0: not yet)."""
+        h = sorted(self._horizons)
+        return h[int(HORIZON_QUANTILE * (len(h) - 1))] if h else 0
 
     def record(self, plan: UpdatePlan, cost_ns: int) -> None:
         self._costs[plan.full_span].append(cost_ns)
         self._last_measured[plan.full_span] = self._n_plans
+        # this is the next result of the update before, if that one was recorded too
+        if self._recorded is not None and self._recorded[0] == self._n_plans - 1:
+            self._horizons.append(plan.sent_ns + cost_ns - self._recorded[1].sent_ns)
+        self._recorded = (self._n_plans, plan)
 
     def plan(self, grid: TickGrid, now_ns: int) -> UpdatePlan:
         gap = int(self.min_update_ms * NS_PER_MS / grid.rate)
         full = self._choose_full(grid, gap)
         self._n_plans += 1
         self.n_full += full
-        cost = self.cost_ns(full)
         # the next result is in one update cost after this one's, or after the audio for the
-        # next update has arrived
-        next_in = now_ns + max(cost, gap) + cost + UPDATE_MARGIN_NS
+        # next update has arrived, and that update may be of the other kind (a probe); and no
+        # sooner than the horizons measured say
+        next_in = now_ns + UPDATE_MARGIN_NS + max(
+            max(self.cost_ns(full), gap) + self.cost_ns(self._next_kind(full)), self.horizon_ns())
         k = grid.first_due_at_or_after(next_in + grid.lookahead_ns)  # first fetch after it
-        return UpdatePlan(grid.audio_end_ns(k - 1) if k > 0 else 0, full)
+        return UpdatePlan(grid.audio_end_ns(k - 1) if k > 0 else 0, full, now_ns)
+
+    def _next_kind(self, full: bool) -> bool:
+        """The kind the next update will be, as things stand: a probe due then, else this."""
+        if self.span != "auto":
+            return full
+        for kind in (True, False):
+            last = self._last_measured[kind]
+            if (last is None and kind != full) or (
+                    last is not None and self._n_plans + 1 - last >= PROBE_EVERY):
+                return kind
+        return full
 
     def _choose_full(self, grid: TickGrid, gap_ns: int) -> bool:
         if self.span != "auto":
