@@ -446,6 +446,47 @@ def test_speech_a_decode_leaves_out_is_decoded_from_the_commit_point(speech_clip
     assert starts == sorted(starts)
 
 
+class _GreedyStops(_ScriptedEngine):
+    """Greedy decodes transcribe the first 2 s of a stream and then nothing more (Whisper
+    closing its transcript on far-field speech); a decode allowed to fall back to higher
+    temperatures transcribes the window's speech."""
+
+    def __init__(self):
+        super().__init__([])
+        self.fallbacks = []  # per decode: could it fall back?
+
+    def transcribe_window(self, audio, prompt=None, policy=None, prefix=(), **_):
+        fallback = policy is not None and len(policy.temperatures) > 1
+        self.fallbacks.append(fallback)
+        first = len(self.fallbacks) == 1
+        span_s = len(audio) / SAMPLE_RATE_HZ
+        words = [(f"w{len(self.fallbacks)}x{i}", i * 0.5, i * 0.5 + 0.4, 0.9)
+                 for i in range(int(span_s / 0.5)) if first or fallback]
+        self.scripts, self.n_calls = (words[:4] if first else words,), 0
+        return _ScriptedEngine.transcribe_window(self, audio, prompt, policy, prefix)
+
+
+def test_after_a_decode_that_left_out_speech_the_next_may_fall_back(speech_clips):
+    """A greedy decode stops short with speech heard out after the commit point: the next
+    decode, from the commit point, may fall back to higher temperatures (as offline Whisper
+    does with a transcript that fails its checks), and the speech it finds is committed. Only
+    that one decode: greedy again after it."""
+    clip = load_audio(speech_clips[0].path)
+    audio = np.tile(clip, int(12 * SAMPLE_RATE_HZ / len(clip)) + 1)[: 12 * SAMPLE_RATE_HZ]
+    engine = _GreedyStops()
+    rec = StreamingRecognizer(engine=engine, confident_min_probability=1.0)
+    committed = []
+    for step in range(4, 24):
+        _feed(rec, audio, step * 0.5)
+        committed += rec.update(commit_until_ns=max(0, step * 500 - 1000) * MS,
+                                full_span=True).committed
+    assert engine.fallbacks[0] is False  # greedy while nothing went wrong
+    first = engine.fallbacks.index(True)
+    assert engine.fallbacks[first + 1] is False  # and again after the decode that fell back
+    assert any(w.text.startswith(f"w{first + 1}x") for w in committed)
+    assert committed[-1].end_ns > 6_000 * MS
+
+
 def test_a_span_probe_that_decoded_nothing_is_made_again():
     """A stream that starts in silence: the first updates decode nothing and cost nothing, so
     they measure neither kind. Each kind is probed until an update of it is measured, and a

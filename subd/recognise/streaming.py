@@ -48,10 +48,10 @@ from subd.recognise.vad import VoiceActivityDetector
 from subd.types import SAMPLE_RATE_HZ, AudioChunk, Hypothesis, Word, ns_to_samples, samples_to_ns
 from subd.validate import check_choice, check_range
 
-NS_PER_MS = 1_000_000
 PROMPT_WORDS = 60  # committed words given as context (≈ 80 tokens)
 LEAD_IN_SAMPLES = SAMPLE_RATE_HZ  # audio kept before the commit point when the window moves
 STALL_SAMPLES = SAMPLE_RATE_HZ  # speech heard out this long must be in a decode's words
+STALL_LEAD_IN_SAMPLES = SAMPLE_RATE_HZ // 5  # kept before the commit point after a stall
 GREEDY_POLICY = FallbackPolicy(temperatures=(0.0,))
 # A live decode's token budget grows with its window: offline decodes of the LibriVox clips and
 # of espeak-ng at 160 words/min take 3.2-4.4 tokens/s with the timestamps. On a cut input Whisper
@@ -90,26 +90,21 @@ class StreamingConfig:
     confident_min_probability: float = 1.0  # 1.0 turns single-decode commits off
     trim_after_ms: int = 6000  # committed audio kept in the window before trimming
     # ... after an update on Whisper's full input, whose encoder sees 30 s whatever the window
-    # holds: Whisper reads words and marks from the sentence they belong to. subd bench quality
-    # --pace cpu --update-ms 450,140 | 400,130, D = 2 s, dev / espeak-ng: WER 7.0|8.7 /
-    # 14.7|12.0 % at 6 s, 5.2|5.2 / 16.0|6.7 % at 15 s; ',' F1 0.40|0.40 / 0|0.29 -> 0.67|0.86
-    # / 0.50|0.80 (at 6 s Whisper stopped punctuating the espeak-ng stream altogether)
+    # holds: Whisper reads words and marks from their sentence (D = 2 s, dev / espeak-ng: WER
+    # 7.0 / 14.7 % at 6 s, 5.2 / 5.2 % at 15 s; ',' F1 0.40 / 0 -> 0.67 / 0.50)
     full_span_trim_after_ms: int = 15000
     max_window_ms: int = 24000  # force a commit/cut before the 30 s window can overflow
     vad: bool = True
     # Offline, a low-confidence window is re-decoded at higher temperatures. Live, the window
-    # usually ends inside a word (low confidence), and a sampled re-decode invents words
-    # ("Unless" -> "A millennial..."). Greedy only, unless asked for.
+    # usually ends inside a word, and a sampled re-decode invents words. Greedy, but see _trim.
     temperature_fallback: bool = False
     force_committed_prefix: bool = True  # decode only the unconfirmed tail (see _decode)
     # The cut span (subd.pipeline.deadline chooses it per update): the encoder runs over the
-    # window's audio plus this much padding, rounded up to the bucket, not over Whisper's
-    # whole 30 s (models.engine.EncoderSpan): tiny.en int8 on one core, 0.13-0.15 s an update
-    # instead of 0.4-0.45 s. 0: the full 30 s, as offline transcription.
+    # window plus this padding, rounded up to the bucket (models.engine.EncoderSpan): tiny.en
+    # int8 on one core, 0.13-0.15 s an update instead of 0.4-0.45 s. 0: the full 30 s.
     encoder_pad_ms: int = 2000
     encoder_bucket_ms: int = 4000
-    # "auto" (identified on the channel's first speech, subd.recognise.language) or an ISO code;
-    # scripts without spaces get words by characters (models.words)
+    # "auto" (identified on the first speech, subd.recognise.language) or an ISO code
     language: str = "en"
 
     def __post_init__(self) -> None:
@@ -144,6 +139,7 @@ class _State:
     previous_streak: list[int] = field(default_factory=list)
     last_decode_end: int = 0  # audio_end (samples) at the last decode
     settled_end: int = 0  # samples: the hypothesis accounts for all speech before this
+    stalled: bool = False  # the last decode left out speech (see _trim)
 
 
 class StreamingRecognizer:
@@ -265,7 +261,8 @@ class StreamingRecognizer:
             tok = self.engine.tokenizer
             text = tok.encode(prompt_text([w.text for w in inside]))
             prefix = (tok.special.timestamp_begin, *text)
-        policy = GREEDY_POLICY if not self.config.temperature_fallback else DEFAULT_POLICY
+        # after a stall (see _trim) the decode from the commit point may fall back, as offline
+        policy = DEFAULT_POLICY if self.config.temperature_fallback or st.stalled else GREEDY_POLICY
         budget = TOKENS_BASE + TOKENS_PER_S * len(window) // SAMPLE_RATE_HZ - len(prefix)
         options = replace(DEFAULT_OPTIONS, max_new_tokens=max(TOKENS_BASE, budget))
         result = transcribe_unlooped(
@@ -359,19 +356,22 @@ class StreamingRecognizer:
         """Move the window start up to the commit point; commit the tail at a pause (not in
         deadline mode: a speaker who pauses may go on with the same sentence). A decode that
         left out speech heard out for ``STALL_SAMPLES`` after the commit point moves it there
-        at once, as offline Whisper seeks to where its transcript stopped: the same window
-        stopped there again at every update (the dev set's last clip, lost at D = 4 s)."""
+        at once, as offline Whisper seeks to where its transcript stopped (the same window
+        stopped there again at every update), keeping only ``STALL_LEAD_IN_SAMPLES`` before it
+        (with the sentence Whisper had closed in it, it stopped after that sentence again), and
+        the next decode may fall back to higher temperatures (greedy, tiny.en read the far-field
+        AMI clip that follows as "year." and stopped). The dev set's last clip was lost."""
         c, st = self.config, self.state
         commit_sample = ns_to_samples(st.committed_end_ns)
         keep_ms = c.full_span_trim_after_ms if full_span else c.trim_after_ms
         after = max(commit_sample, st.window_start)
-        if no_words and self.vad is not None and after < end - STALL_SAMPLES and \
-                self._has_speech(after, end - STALL_SAMPLES):
-            keep_ms = 0
+        st.stalled = no_words and self.vad is not None and after < end - STALL_SAMPLES and \
+            self._has_speech(after, end - STALL_SAMPLES)
+        lead_in, keep_ms = (STALL_LEAD_IN_SAMPLES, 0) if st.stalled else (LEAD_IN_SAMPLES, keep_ms)
         if commit_sample - st.window_start >= keep_ms * SAMPLE_RATE_HZ // 1000:
             # keep a second before the commit point: a cut exactly at a word boundary (±100 ms
             # from DTW) clips the next word's onset; the repeated words are dropped again
-            st.window_start = max(st.window_start, min(commit_sample, end) - LEAD_IN_SAMPLES)
+            st.window_start = max(st.window_start, min(commit_sample, end) - lead_in)
         if pause_commit and self.vad is not None and st.previous:
             # a pause after the last hypothesis word: the utterance has ended
             last_end = ns_to_samples(st.previous[-1].end_ns)
