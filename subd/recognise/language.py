@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from subd.recognise.cjk_policy import policy_for
 from subd.script import AUTO, check_language
 
 
@@ -68,6 +69,11 @@ class LanguageTracker:
     @property
     def language(self) -> str | None:
         return self.choice.language
+
+    def policy(self, config, deadline_mode: bool = False):
+        """The recogniser's ``config`` as applied to this language (Chinese and Japanese commit
+        by utterance, without a forced prefix: subd.recognise.cjk_policy)."""
+        return policy_for(config, self.choice.language, deadline_mode)
 
     def resolve(self, window, vad, sample_rate_hz: int = 16_000) -> str | None:
         """The language to decode ``window`` (float32 [n]) in; None: "auto" has not heard enough

@@ -257,7 +257,7 @@ class StreamingRecognizer:
         # words committed inside the window are forced as a prefix: only the tail is decoded
         inside = [w for w in st.committed if w.start_ns >= window_start_ns]
         prefix: tuple[int, ...] = ()
-        if inside and self.config.force_committed_prefix:
+        if inside and self.languages.policy(self.config).force_committed_prefix:  # CJK: no
             tok = self.engine.tokenizer
             text = tok.encode(prompt_text([w.text for w in inside]))
             prefix = (tok.special.timestamp_begin, *text)
@@ -304,8 +304,8 @@ class StreamingRecognizer:
     def _commit(self, words: list[Word], end: int, commit_until_ns: int | None) -> list[Word]:
         st = self.state
         window_ms = (end - st.window_start) * 1000 // SAMPLE_RATE_HZ
-        d = decide(self.config, words, st.previous, st.previous_streak, samples_to_ns(end),
-                   window_ms, commit_until_ns)
+        d = decide(self.languages.policy(self.config, self.deadline_mode), words, st.previous,
+                   st.previous_streak, samples_to_ns(end), window_ms, commit_until_ns)
         self.n_forced_cuts += d.forced_cut
         newly = self._take(words[:d.n_commit])
         st.previous = words[d.n_commit:]

@@ -183,7 +183,7 @@ def stream_hypotheses(
 _RECOGNISER_FILES = (
     "subd/recognise/streaming.py", "subd/recognise/vad.py", "subd/history.py", "subd/types.py",
     "subd/recognise/commit.py", "subd/recognise/loops.py", "subd/recognise/settle.py",
-    "subd/recognise/language.py", "models/engine.py",
+    "subd/recognise/language.py", "subd/recognise/cjk_policy.py", "models/engine.py",
     "models/alignment.py", "models/decoding.py", "models/loading.py", "models/whisper.py",
     "models/tokenizer.py", "kernels/mel.py",
 )

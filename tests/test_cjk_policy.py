@@ -1,0 +1,74 @@
+"""Chinese and Japanese streams commit by utterance from decodes without a forced prefix
+(subd.recognise.cjk_policy); English and the other languages keep the configured policy. The
+character error rate compares numbers digit by digit in Chinese numerals (subd.scoring.cer)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from subd.recognise.cjk_policy import policy_for
+from subd.recognise.commit import decide
+from subd.recognise.language import LanguageTracker
+from subd.recognise.streaming import StreamingConfig
+from subd.scoring.cer import cer
+from subd.types import Word
+
+MS = 1_000_000
+
+
+def chars(text: str, start_ms: int = 0, step_ms: int = 250) -> list[Word]:
+    return [Word(ch, (start_ms + i * step_ms) * MS, (start_ms + (i + 1) * step_ms) * MS, 0.9)
+            for i, ch in enumerate(text)]
+
+
+@pytest.mark.parametrize("language", ["en", "fr", "ko", None])
+def test_other_languages_keep_the_configured_policy(language):
+    config = StreamingConfig(model="base")
+    assert policy_for(config, language) is config
+
+
+@pytest.mark.parametrize("language", ["zh", "ja", "yue"])
+def test_chinese_and_japanese_commit_by_utterance_without_a_forced_prefix(language):
+    config = StreamingConfig(model="base")
+    policy = policy_for(config, language)
+    assert not policy.force_committed_prefix
+    # two decodes agree on a phrase heard out 1 s ago: English commits it, Chinese waits
+    words = chars("甚至出现交易")  # 0-1.5 s
+    end_ns = 2500 * MS
+    streak = [1] * len(words)
+    english = decide(config, words, words, streak, end_ns, 2500, None)
+    chinese = decide(policy, words, words, streak, end_ns, 2500, None)
+    assert english.n_commit == len(words) and chinese.n_commit == 0
+    # ... and still commits a character that has waited past the bound on tentative text
+    late = decide(policy, words, words, streak, 10_000 * MS, 10_000, None)
+    assert late.n_commit == len(words)
+    # deadline mode: a due character commits at its deadline all the same
+    deadline_policy = policy_for(config, language, deadline_mode=True)
+    assert not deadline_policy.force_committed_prefix
+    due = decide(deadline_policy, words, [], [], end_ns, 2500, 1000 * MS)  # first decode
+    assert due.n_commit == 4
+
+
+def test_language_tracker_applies_the_policy_once_the_language_is_named():
+    class Engine:  # identification only: Whisper's language probabilities for the window
+        class tokenizer:
+            multilingual = True
+
+        @staticmethod
+        def detect_language(window, span):
+            return {"zh": 0.9, "en": 0.1}
+
+    config = StreamingConfig(model="base")
+    tracker = LanguageTracker("auto", Engine())
+    assert tracker.policy(config) is config  # not named yet: as configured
+    assert tracker.resolve(np.zeros(16000, np.float32), None) == "zh"
+    assert not tracker.policy(config).force_committed_prefix
+
+
+def test_cer_reads_digits_as_chinese_numerals_in_both_texts():
+    # AISHELL spells numbers; Whisper writes digits as often as not
+    assert cer("一二线城市虽然也处于调整中", "12 线城市虽然也处于调整中") == 0.0
+    assert cer("一二线城市", "12 线城市", digits_as_numerals=False) == pytest.approx(2 / 5)
+    assert cer("十二个人", "12个人") == pytest.approx(1 / 4)  # a cardinal still differs
+    assert cer("２０２６年", "2026年") == 0.0  # full-width digits too
