@@ -170,6 +170,19 @@ def test_settled_end_is_not_held_back_by_the_last_words_own_end(speech_clips):
     assert _settled_s(words, np.concatenate([speech, gap])) == pytest.approx(2.5, abs=0.01)
 
 
+def test_a_sentence_end_aligned_early_still_settles_with_the_pause_after_it(speech_clips):
+    """Whisper aligns a sentence's last word 200-300 ms before its sound ends: with silence
+    after that sound, the pause is there (the tagger reads it); with none heard yet, the sound
+    may be the next word, and the hypothesis is not settled past the word."""
+    clip = load_audio(speech_clips[0].path)
+    speech = _voiced(clip, 50)
+    words = [("word.", 0.0, 1.25, 0.99)]  # 250 ms before the speech ends
+    gap = np.zeros(SAMPLE_RATE_HZ, np.float32)
+    assert _settled_s(words, np.concatenate([speech, gap])) == pytest.approx(2.5, abs=0.01)
+    short = np.zeros(SAMPLE_RATE_HZ // 10, np.float32)  # 100 ms: no pause heard yet
+    assert _settled_s(words, np.concatenate([speech, short])) <= 1.3
+
+
 def test_finish_commits_the_last_word_once(speech_clips):
     """At the end of the stream the final decode and the last hypothesis hold the same word
     with slightly different times: it is committed once ("news", not "news news")."""

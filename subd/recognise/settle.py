@@ -5,7 +5,10 @@ settled end is the first speech after the last hypothesis word, or the audio end
 follows. Speech is looked for frame by frame (30 ms), not in VAD regions: a region needs 250 ms
 of speech, and the onset of a word not transcribed yet (Whisper often leaves the window's last
 word out), or a short word, is less. A short burst right at the last word's end is that word's
-own remainder (DTW ends are often early), not a new word.
+own remainder (DTW ends are often early), not a new word; so is a longer one, up to
+``LONG_REMAINDER_MS``, that silence of ``REMAINDER_SILENCE_MS`` follows: the end of a sentence's
+last word, which Whisper aligns 200-300 ms early ("ill-disposed." on the dev set: the pause
+after it read as 0 ms, and its full stop was set aside as a window edge's).
 """
 
 from __future__ import annotations
@@ -20,6 +23,8 @@ SETTLE_MIN_SPEECH_MS = 60
 SETTLE_JOIN_MS = 90
 SETTLE_PAD_MS = 60
 REMAINDER_MS = 150
+LONG_REMAINDER_MS = 300
+REMAINDER_SILENCE_MS = 300
 
 
 def settled_end(vad: VoiceActivityDetector | None, audio, window_start: int,
@@ -49,6 +54,11 @@ def speech_onset(vad: VoiceActivityDetector, audio, first: int, end: int) -> int
     )
     pad = SETTLE_PAD_MS * SAMPLE_RATE_HZ // 1000
     remainder = REMAINDER_MS * SAMPLE_RATE_HZ // 1000
-    if regions and regions[0][0] == 0 and regions[0][1] - pad <= remainder:
-        regions = regions[1:]
+    if regions and regions[0][0] == 0:
+        burst_end = regions[0][1] - pad
+        silence_to = regions[1][0] + pad if len(regions) > 1 else end - first
+        if burst_end <= remainder or (
+                burst_end <= LONG_REMAINDER_MS * SAMPLE_RATE_HZ // 1000
+                and silence_to - burst_end >= REMAINDER_SILENCE_MS * SAMPLE_RATE_HZ // 1000):
+            regions = regions[1:]
     return first + regions[0][0] if regions else None
