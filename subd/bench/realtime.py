@@ -61,8 +61,8 @@ def default_clip() -> tuple[Path, str]:
 
 
 def joined_clips(gap_s: float = 0.75) -> tuple[np.ndarray, str]:
-    """Every LibriVox test clip, one after another with ``gap_s`` of silence: ~40 s of
-    speech (71 words), so p99 of the publish error is over ~1200 ticks and one word moves
+    """Every LibriVox test clip, one after another with ``gap_s`` of silence: 28.5 s of
+    speech (71 words), so p99 of the publish error is over ~850 ticks and one word moves
     the WER by 1.4 points, not 4.5 as on one clip."""
     from subd.sources.live import load_audio
 
