@@ -65,11 +65,10 @@ FULL_SPAN_HYSTERESIS_NS = 300_000_000
 PROBE_EVERY = 300
 SPANS = ("auto", "cut", "full")
 # how long after an update was sent the next result came in: the last HORIZONS_KEPT of them,
-# and the next result is expected no sooner than their HORIZON_QUANTILE (where round trips are
-# steady, as on one CPU core, that is the estimate from the two costs). The largest of 20 is
-# later than the next horizon 20 times in 21 (the second largest: 19 in 21)
+# and the next result is expected no sooner than the largest (where round trips are steady, as
+# on one CPU core, that is the estimate from the two costs). The largest of 20 is later than
+# the next horizon 20 times in 21 (the second largest: 19 in 21)
 HORIZONS_KEPT = 20
-HORIZON_QUANTILE = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,7 +92,7 @@ class UpdatePlanner:
         self._n_plans = 0
         self._on_full = False  # the last choice that was not a probe
         self._horizons = collections.deque(maxlen=HORIZONS_KEPT)  # send to next result, ns
-        self._recorded: tuple[int, UpdatePlan] | None = None  # (plan number, plan) last recorded
+        self._recorded: tuple[int, int] | None = None  # (plan number, sent_ns) last recorded
 
     def cost_ns(self, full: bool) -> int:
         costs = sorted(self._costs[full])
@@ -105,16 +104,15 @@ class UpdatePlanner:
 
     def horizon_ns(self) -> int:
         """How long after an update is sent the next result is in, as measured (0: not yet)."""
-        h = sorted(self._horizons)
-        return h[int(HORIZON_QUANTILE * (len(h) - 1))] if h else 0
+        return max(self._horizons, default=0)
 
     def record(self, plan: UpdatePlan, cost_ns: int) -> None:
         self._costs[plan.full_span].append(cost_ns)
         self._last_measured[plan.full_span] = self._n_plans
         # this is the next result of the update before, if that one was recorded too
         if self._recorded is not None and self._recorded[0] == self._n_plans - 1:
-            self._horizons.append(plan.sent_ns + cost_ns - self._recorded[1].sent_ns)
-        self._recorded = (self._n_plans, plan)
+            self._horizons.append(plan.sent_ns + cost_ns - self._recorded[1])
+        self._recorded = (self._n_plans, plan.sent_ns)
 
     def plan(self, grid: TickGrid, now_ns: int) -> UpdatePlan:
         gap = int(self.min_update_ms * NS_PER_MS / grid.rate)
