@@ -110,6 +110,9 @@ class RecognizerConfig:
     # every channel's decodes batched in one recogniser (subd.gpu.serve): "auto" = on CUDA
     # always, on the CPU from 2 channels on; "on"; "off" (one decode at a time, as before)
     batched: str = field(default="auto", metadata=choice("auto", "on", "off"))
+    # how many batched recogniser processes share the channels (subd.service.sharding): "auto"
+    # = 1 on the CPU, on CUDA half the cores (at most 8); or N (1..64)
+    gpu_processes: str | int = "auto"
     # a loaded, idle twin of each stage process takes over at once when one dies or hangs
     # (subd.service.stages): recovery without a model load, for one more model in memory
     spare_process: bool = False
@@ -134,6 +137,11 @@ class RecognizerConfig:
         if self.batched == "off" and self.device.startswith("cuda"):
             raise ConfigError("[recognizer] batched = \"off\": the serial recogniser runs on "
                               "the CPU; device cuda needs batched = \"auto\" or \"on\"")
+        if self.gpu_processes != "auto" and (isinstance(self.gpu_processes, bool) or not
+                                             isinstance(self.gpu_processes, int) or
+                                             not 1 <= self.gpu_processes <= 64):
+            raise ConfigError(f"[recognizer] gpu_processes = {self.gpu_processes!r}: \"auto\" "
+                              "or a whole number of processes, 1..64")
         if self.precision == "int8" and self.device.startswith("cuda"):
             raise ConfigError("[recognizer] precision: int8 runs on the CPU only "
                               "(use fp16 or bf16 on CUDA)")

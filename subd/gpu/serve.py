@@ -35,6 +35,8 @@ def load_batching_engine(model: str = "tiny.en", device: str = "auto", precision
     placement = place(device, precision)
     if not placement.cuda:
         torch.set_num_threads(threads or live_threads())
+    elif threads:  # one of several processes on this GPU: its share of the cores
+        torch.set_num_threads(threads)
     windows = WindowEngine(load_weights(model), placement.device,
                            torch_dtype(placement.precision),
                            max_rows=max_rows if placement.cuda else min(max_rows, CPU_MAX_ROWS),

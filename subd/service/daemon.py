@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from subd.clock import Clock, MonotonicClock, request_realtime_priority
-from subd.config import ChannelSpec, Config
+from subd.config import ChannelSpec, Config, nvidia_present
 from subd.pipeline.scheduler import Observer, Source
 from subd.pipeline.tickstats import Counters
 from subd.service.batching import BatchingSharedWorker
@@ -51,6 +51,7 @@ from subd.service.context import ChannelContext
 from subd.service.health import HealthMonitor
 from subd.service.metrics import Metrics
 from subd.service.notify import Notifier
+from subd.service.sharding import sharded_recogniser
 from subd.service.stages import UP, SharedWorker, StagePolicy
 from subd.service.supervisor import FAILED, RUNNING, ChannelSupervisor
 from subd.tasks import start_task
@@ -127,8 +128,6 @@ class Daemon:
         cfg = self.config.recognizer
         if self.recognizer is not None or cfg.factory or cfg.batched == "off":
             return False
-        from subd.config import nvidia_present
-
         return cfg.batched == "on" or cfg.device != "cpu" and nvidia_present()
 
     def _recogniser_worker(self) -> Any:
@@ -155,10 +154,12 @@ class Daemon:
         policy = StagePolicy(start_timeout_s=cfg.recognizer.start_timeout_s,
                              spare=cfg.recognizer.spare_process)
         shared_class = BatchingSharedWorker if self._batched() else SharedWorker
-        self.recogniser = shared_class(self._recogniser_worker(), policy=policy,
-                                       on_state=self._on_stage)
+        # several batched processes share the channels (subd.service.sharding), or one process
+        self.recogniser = sharded_recogniser(cfg.recognizer, self._batched(), policy=policy,
+                                             on_state=self._on_stage) or \
+            shared_class(self._recogniser_worker(), policy=policy, on_state=self._on_stage)
         self.tagger_spec = tagger_factory(cfg)
-        shared = [self.recogniser]
+        shared = list(getattr(self.recogniser, "shards", [self.recogniser]))
         if self.tagger_spec is not None and cfg.pipeline.tag_process:
             check = FactorySpec("subd.workers.hosts:TagHost", {"tagger": self.tagger_spec})
             tag = ProcessWorker("tag", FactorySpec("subd.service.supervisor:MultiplexHost",
@@ -184,7 +185,8 @@ class Daemon:
             recogniser_spec=self.recognizer)
 
     def _on_stage(self, name: str, state: str, detail: str) -> None:
-        sw = next((w for w in (self.recogniser, self.tagger) if w and w.name == name), None)
+        stages = (*getattr(self.recogniser, "shards", [self.recogniser]), self.tagger)
+        sw = next((w for w in stages if w and w.name == name), None)
         self.health.set_stage(name, state, detail, getattr(sw.worker, "pid", None) if sw else None,
                               sw.restarts if sw else 0)
         self.metrics.stage_up.labels(name).set(1 if state == UP else 0)

@@ -1,0 +1,134 @@
+"""The batched recogniser as several processes (``[recognizer] gpu_processes``,
+subd.service.sharding), on the CPU with real tiny.en weights and real worker processes: channels
+spread over the shards, each channel hears its own clip, and a shard killed mid-stream is
+respawned while only its own channels wait (the other shard answers meanwhile)."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import time
+
+import pytest
+from batched_helpers import clip_files, read_wav
+
+from subd.config import config_from_dict
+from subd.errors import ConfigError
+from subd.service.sharding import shard_count, torch_threads_per_shard
+from subd.service.stages import RESTARTING, UP, StagePolicy
+
+CLIPS = clip_files()
+
+
+def test_auto_is_one_process_on_the_cpu_and_half_the_cores_on_cuda():
+    assert shard_count("auto", cuda=False, cores=16) == 1
+    assert shard_count("auto", cuda=True, cores=16) == 8
+    assert shard_count("auto", cuda=True, cores=64) == 8  # capped
+    assert shard_count("auto", cuda=True, cores=2) == 1
+    assert shard_count(3, cuda=False, cores=2) == 3  # asked for: as asked
+    assert torch_threads_per_shard(8, cores=16) == 2
+    assert torch_threads_per_shard(4, cores=2) == 1
+
+
+@pytest.mark.parametrize("value", [0, 65, "4", "many", True, 2.5])
+def test_a_bad_gpu_processes_is_a_one_line_error(value):
+    with pytest.raises(ConfigError, match=r"gpu_processes"):
+        config_from_dict({"recognizer": {"gpu_processes": value}})
+
+
+def test_gpu_processes_takes_auto_or_a_number():
+    assert config_from_dict({}).recognizer.gpu_processes == "auto"
+    assert config_from_dict({"recognizer": {"gpu_processes": 4}}).recognizer.gpu_processes == 4
+
+
+def _host(history, model: str = "tiny.en"):
+    from subd.service.build import recognizer_spec
+    from subd.workers.hosts import FactorySpec
+
+    return FactorySpec("subd.workers.hosts:RecogniserHost", {
+        "recognizer": recognizer_spec(model, ""), "history_capacity": history.capacity,
+        "history_name": history.shm_name})
+
+
+async def _words(cw, history, audio, end: int) -> list[str]:
+    from subd.workers.hosts import UpdateRequest
+
+    history.write(history.end_sample, audio[history.end_sample:end])
+    result = await cw.call(UpdateRequest(end), time.monotonic_ns())
+    return [w.text for w in result.hypothesis.committed + result.hypothesis.tentative]
+
+
+@pytest.mark.skipif(len(CLIPS) < 3 or importlib.util.find_spec("subd.recognise.streaming")
+                    is None, reason="needs the LibriVox clips and the streaming recogniser")
+def test_channels_spread_over_shards_and_a_dead_shard_stalls_only_its_own():
+    import numpy as np
+
+    from subd.history import AudioHistory
+    from subd.service.sharding import batched_recogniser
+
+    # two different 25 s streams (the clips in turn, forwards and backwards), two channels each
+    streams = [np.concatenate([read_wav(c) for c in CLIPS]),
+               np.concatenate([read_wav(c) for c in CLIPS[::-1]])]
+    audios = [streams[i % 2] for i in range(4)]
+    cfg = config_from_dict({"recognizer": {"batched": "on", "device": "cpu",
+                                           "gpu_processes": 2}}).recognizer
+
+    async def scenario() -> None:
+        rec = batched_recogniser(cfg, cuda=False, policy=StagePolicy(start_timeout_s=600))
+        histories = [AudioHistory(40 * 16_000, shared=True) for _ in audios]
+        try:
+            await rec.start(600)
+            assert [s.name for s in rec.shards] == ["recognise.0", "recognise.1"]
+            workers = [await rec.attach(f"c{i}", _host(h)) for i, h in enumerate(histories)]
+            # least loaded first: the four channels alternate, two on each shard
+            assert [rec.shard_of(f"c{i}") for i in range(4)] == [0, 1, 0, 1]
+            assert rec.loads() == [2, 2]
+            first = await asyncio.gather(*(_words(cw, h, a, 5 * 16_000) for cw, h, a in
+                                           zip(workers, histories, audios, strict=True)))
+            assert all(first), first  # every channel heard its own clip's speech
+            assert first[0] == first[2] and first[1] == first[3]  # same clip, same words
+            assert first[0] != first[1]
+
+            dead, alive = rec.shards
+            # the dead shard's respawn waits 10 s: what the other shard answers meanwhile is
+            # answered without it, however fast this machine reloads a model
+            dead.policy = StagePolicy(first_backoff_ns=10_000_000_000, start_timeout_s=600)
+            pid = dead.worker.pid
+            dead.worker.kill()  # SIGKILL between requests: seen at once, respawn starts
+            for _ in range(200):
+                if dead.state == RESTARTING:
+                    break
+                await asyncio.sleep(0.01)
+            assert dead.state == RESTARTING
+            # the other shard's channels are answered while the dead one reloads its model
+            others = await asyncio.gather(*(_words(workers[i], histories[i], audios[i],
+                                                   8 * 16_000) for i in (1, 3)))
+            assert all(others), others
+            assert dead.state == RESTARTING and alive.state == UP
+            assert alive.restarts == 0 and alive.generation == 0
+            # the dead shard's channels wait through the respawn, then resume where they were
+            again = await asyncio.gather(*(_words(workers[i], histories[i], audios[i],
+                                                  8 * 16_000) for i in (0, 2)))
+            assert dead.restarts == 1 and dead.state == UP
+            # (a respawned recogniser starts afresh at the audio it had reached: it hears the
+            # next seconds' words)
+            again = await asyncio.gather(*(_words(workers[i], histories[i], audios[i],
+                                                  12 * 16_000) for i in (0, 2)))
+            assert all(again), again
+            assert dead.restarts == 1 and dead.worker.pid != pid and dead.state == UP
+            assert rec.restarts == 1
+
+            # a channel that leaves frees its place: the next one goes to that shard
+            await rec.detach("c1")
+            assert rec.loads() == [2, 1]
+            history = AudioHistory(40 * 16_000, shared=True)
+            histories.append(history)
+            cw = await rec.attach("c4", _host(history))
+            assert rec.shard_of("c4") == 1 and rec.loads() == [2, 2]
+            assert await _words(cw, history, audios[1], 5 * 16_000) == first[1]
+        finally:
+            await rec.close(5.0)
+            for h in histories:
+                h.close()
+
+    asyncio.run(scenario())
