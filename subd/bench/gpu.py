@@ -200,7 +200,7 @@ def search(label: str, counts: list[int], make_server, base: SimConfig, n_lib: i
 
 def run(args) -> int:
     if args.policy == "daemon":  # the daemon's own recogniser code (subd.bench.gpu_policy)
-        from subd.bench.gpu_policy import run as run_daemon_policy
+        from subd.bench.gpu_shards import run as run_daemon_policy
 
         return run_daemon_policy(args)
     import torch

@@ -37,6 +37,7 @@ from subd.models.batched_window import WindowEngine, WindowJob
 from subd.models.engine import WINDOW_SAMPLES
 from subd.models.loading import LoadedModel
 from subd.models.whisper import Whisper, WhisperDims
+from subd.service.batching import BatchedMultiplexHost
 
 SIZES = {
     "large-v3-turbo": WhisperDims(n_mels=128, n_audio_ctx=1500, n_audio_state=1280,
@@ -182,3 +183,22 @@ def describe_size(size: str) -> str:
     d = dataclasses.asdict(SIZES[size])
     return (f"{size}: {d['n_audio_layer']} encoder layers, {d['n_text_layer']} decoder layers, "
             f"d = {d['n_audio_state']}, {d['n_mels']} mel bins, {d['n_vocab']} tokens")
+
+
+class CapacityHost(BatchedMultiplexHost):
+    """The batched recogniser process's host (subd.service.batching.BatchedMultiplexHost) with
+    a random model of ``capacity``'s size added to its every batch: what each of the bench's
+    recogniser processes runs in capacity mode."""
+
+    def __init__(self, model: str = "tiny.en", device: str = "auto", precision: str = "auto",
+                 max_rows: int = 256, threads: int = 0, capacity: str = "large-v3-turbo") -> None:
+        from subd.gpu.device import place, torch_dtype
+
+        super().__init__(model, device, precision, max_rows, threads)
+        placement = place(device, precision)
+        self.engine.windows = capacity_windows(
+            self.engine.windows, capacity, placement.device,
+            torch_dtype(placement.precision if placement.cuda else "fp32"),
+            max_rows if placement.cuda else 16)
+        if placement.cuda:  # compile and capture now, not in the first trial
+            self.engine.windows.big.warm()

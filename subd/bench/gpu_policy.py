@@ -1,15 +1,19 @@
-"""``subd bench gpu`` (default ``--policy daemon``): channels of the daemon's own recogniser.
+"""``subd bench gpu`` (default ``--policy daemon``): channels of the daemon's own recogniser,
+what a trial counts, and the naive baseline.
 
-Drives exactly the recogniser code of ``subd run``: the process-side host of the batched
-daemon (subd.service.batching.BatchedMultiplexHost) with one recogniser host per channel, each
-reading its audio history as the daemon's does, fed the daemon's requests (``UpdateRequest``
+The batched side drives the daemon's own recogniser stage, its processes included
+(subd.bench.gpu_shards: ``[recognizer] gpu_processes`` shards built by
+subd.service.sharding, as ``subd run`` builds them). :func:`simulate` drives a stage host in this
+process, one request at a time (the naive baseline, below) or with every ready channel's request
+in one ``ForChannels`` batch (the process side of the batched daemon,
+subd.service.batching.BatchedMultiplexHost: the tests use it). Each channel has one recogniser
+host reading its audio history as the daemon's does, fed the daemon's requests (``UpdateRequest``
 whose deadline ``commit_until_ns`` and encoder span come from each channel's own
 subd.pipeline.deadline.UpdatePlanner on the channel's tick grid, as subd.pipeline.scheduler
 asks them, at the configured ``min_update_ms`` cadence). Channels are real speech (the
-LibriVox clips joined and looped, each channel from its own offset), arriving in real time; a
-channel's requests that come while a batch runs go out with the next batch, as
-BatchingSharedWorker sends them. ``--capacity SIZE``: every batch also runs a model of SIZE with
-random weights, teacher-forced (subd.bench.gpu_capacity).
+LibriVox clips joined and looped, each channel from its own offset), arriving in real time.
+``--capacity SIZE``: every batch also runs a model of SIZE with random weights, teacher-forced
+(subd.bench.gpu_capacity).
 
 Not driven: the tick publisher, the tagger, the sinks (their cost is per channel on the CPU and
 is measured by ``subd bench realtime`` / ``fanout``). A word's viewer-visible latency is the
@@ -127,7 +131,7 @@ class Channels:
 
 def simulate(label: str, host, spec: tuple, library: np.ndarray, n: int, setup: Setup,
              batched: bool) -> Trial:
-    from subd.bench.gpu_report import late_cause
+    from subd.bench.gpu_report import account
     from subd.bench.gpu_sim import UtilSampler
     from subd.pipeline.deadline import UpdatePlanner
     from subd.pipeline.ticks import TickGrid
@@ -178,31 +182,8 @@ def simulate(label: str, host, spec: tuple, library: np.ndarray, n: int, setup: 
                 trial.batch.append(1)
             trial.round_ms.append((done[-1] - now) / NS_PER_MS)
             for (i, _), (ok, res), t_done in zip(requests, out, done, strict=True):
-                trial.n_updates += 1
-                rtt = t_done - now
-                trial.n_late_updates += rtt > d_ns - a_ns
-                if not ok:
-                    trial.n_failed += 1
-                    continue
-                if res.decoded:  # as the scheduler: a silent window costs next to nothing
-                    planners[i].record(plans[i], rtt)
-                trial.n_full += plans[i].full_span
-                hyp = res.hypothesis
-                if not shown[i] and (hyp.committed or hyp.tentative):
-                    shown[i] = True
-                    trial.ttfc_ms.append((t_done - start[i]) / NS_PER_MS)
-                for w in hyp.committed:
-                    lat = t_done - (int(start[i]) + w.end_ns)
-                    trial.n_words += 1
-                    trial.commit_ms.append(lat / NS_PER_MS)
-                    trial.visible_ms.append(max(d_ns, lat + a_ns) / NS_PER_MS)
-                    if lat > d_ns - a_ns:
-                        trial.n_late += 1
-                        why = late_cause(w, (t_done - start[i]) / NS_PER_S, *previous[i])
-                        trial.late_why[why] = trial.late_why.get(why, 0) + 1
-                    if i < 8:
-                        trial.texts.setdefault(i, []).append(w.text)
-                previous[i] = (hyp.tentative, plans[i].commit_until_ns)
+                account(trial, i, ok, res, now, t_done, int(start[i]), planners[i], plans[i],
+                        shown, previous, d_ns, a_ns)
     trial.gpu_util_pct = util.mean
     trial.offsets, trial.sent = ch.offsets, ch.sent.copy()
     ch.close()
@@ -246,119 +227,21 @@ def search(label: str, make_host, spec: tuple, library, counts: list[int], setup
     return best, trials
 
 
-def run(args) -> int:
-    import torch
+def naive_host():
+    """The naive baseline's stage host: the daemon's multiplex host whose channels' recognisers
+    run on ``_NAIVE`` (the single-stream engine), one request at a time."""
+    from subd.service.supervisor import Attach, MultiplexHost
 
-    from subd.bench.gpu_report import offline_wer, plot
-    from subd.bench.gpu_sim import load_library
-    from subd.config import config_from_dict, load_config
-    from subd.gpu.device import place
-    from subd.gpu.serve import load_weights
-    from subd.service.batching import BatchedMultiplexHost
-    from subd.service.build import recognizer_spec
+    class NaiveHost(MultiplexHost):
+        def handle(self, request):
+            if isinstance(request, Attach):
+                r = request.host.kwargs["recognizer"]
+                request = Attach(request.channel, type(request.host)(
+                    request.host.target, {**request.host.kwargs, "recognizer": type(r)(
+                        "subd.bench.gpu_policy:naive_recognizer", r.kwargs)}))
+            return super().handle(request)
 
-    # the recogniser's settings only: no sink is built (none may be registered where the
-    # bench runs from a copy of the tree, not an installed package)
-    cfg = load_config(args.config) if args.config else config_from_dict({"sinks": {"enabled": []}})
-    rec = cfg.recognizer
-    placement = place(args.device, args.precision)
-    if placement.cuda:
-        torch.backends.cuda.enable_cudnn_sdp(False)  # a plan per new shape: see bench gpu
-    setup = Setup(cfg.tick.latency_ms, cfg.tick.lookahead_ms, rec.min_update_ms,
-                  args.duration_s, args.ramp_s, cfg.tick.fps, rec.encoder_span)
-    library, _ = load_library(args.clips)
-    out = open(args.log, "w") if args.log else None  # noqa: SIM115 - closed below
-
-    def log(line: str) -> None:
-        print(line, flush=True)
-        if out:
-            out.write(line + "\n")
-            out.flush()
-
-    spec = recognizer_spec(args.model, "", encoder_pad_ms=rec.encoder_pad_ms)
-    spec_args = (spec.target, dict(spec.kwargs, model=args.model))
-    log(f"daemon policy: model {args.model} on {placement.device} ({placement.precision}"
-        f"{', ' + torch.cuda.get_device_name() if placement.cuda else ''}); D "
-        f"{setup.latency_ms} ms, A {setup.lookahead_ms} ms, update every "
-        f"{setup.min_update_ms} ms of new audio, encoder span {setup.encoder_span} "
-        f"(pad {rec.encoder_pad_ms} ms); {setup.duration_s} s per trial after a "
-        f"{setup.ramp_s} s ramp")
-    t0 = time.monotonic()
-    host = BatchedMultiplexHost(args.model, placement.device, placement.precision,
-                                args.max_rows)
-    log(f"batched engine loaded in {time.monotonic() - t0:.1f} s")
-    capacity = ""
-    if args.capacity:
-        from subd.bench.gpu_capacity import capacity_windows, describe_size
-        from subd.gpu.device import torch_dtype
-
-        t0 = time.monotonic()
-        host.engine.windows = capacity_windows(
-            host.engine.windows, args.capacity, placement.device,
-            torch_dtype(placement.precision if placement.cuda else "fp32"),
-            args.max_rows if placement.cuda else 16)
-        if placement.cuda:
-            host.engine.windows.big.warm()
-        capacity = (f"CAPACITY MODE, RANDOM WEIGHTS: every batch also runs a randomly "
-                    f"initialised {describe_size(args.capacity)}, decoding teacher-forced "
-                    f"with {args.model}'s tokens for each window (captions, words and WER "
-                    f"are {args.model}'s; the figures are the capacity of both together)")
-        log(f"{capacity}; built in {time.monotonic() - t0:.1f} s")
-    counts = [int(x) for x in args.streams.split(",")]
-    best, _ = search("batched", lambda: host, spec_args, library, counts, setup, True, log,
-                     args.warm_s)
-    naive = None
-    if args.naive_streams:
-        from subd.gpu.device import on_device
-        from subd.models.engine import WhisperEngine
-        from subd.service.supervisor import MultiplexHost
-
-        # capacity mode: the naive server is the same two models, one request at a time
-        single = host.engine if args.capacity else WhisperEngine(
-            on_device(load_weights(args.model), placement))
-
-        class NaiveHost(MultiplexHost):
-            def handle(self, request):
-                from subd.service.supervisor import Attach
-
-                if isinstance(request, Attach):
-                    r = request.host.kwargs["recognizer"]
-                    request = Attach(request.channel, type(request.host)(
-                        request.host.target, {**request.host.kwargs, "recognizer": type(r)(
-                            "subd.bench.gpu_policy:naive_recognizer", r.kwargs)}))
-                return super().handle(request)
-
-        global _NAIVE
-        _NAIVE = single
-        naive, _ = search("naive", lambda: NaiveHost(None), spec_args, library,
-                          [int(x) for x in args.naive_streams.split(",")], setup, False, log)
-    n_b = best.n_channels if best else 0
-    n_n = naive.n_channels if naive else 0
-    log("")
-    log(f"largest N served (every update back within D - A, words visible within D + "
-        f"{VISIBLE_SLACK_MS} ms at p95; D = {setup.latency_ms} ms): batched {n_b}, naive "
-        f"{n_n}" + (f"; ratio {n_b / n_n:.1f}x" if n_n else ""))
-    if capacity:
-        log(capacity)
-        log(host.engine.windows.summary())
-    for t in (best, naive):
-        if t is not None:
-            engine = host.engine.windows.single if t is best or args.capacity else _NAIVE
-            log(f"  {t.label} at N={t.n_channels}: viewer-visible latency p50 "
-                f"{t.pct('visible_ms', 50):.0f} ms, p95 {t.pct('visible_ms', 95):.0f} ms; "
-                f"time to first caption p50 {t.pct('ttfc_ms', 50):.0f} ms, p95 "
-                f"{t.pct('ttfc_ms', 95):.0f} ms; late updates {t.n_late_updates}, superseded "
-                f"0 (one request per channel in flight, as the pipeline sends them); GPU use "
-                f"{t.gpu_util_pct:.1f}%; WER vs the same engine offline "
-                f"{100 * offline_wer(engine, library, t):.1f}%")
-            if t.texts:
-                log(f"    channel 0 committed: {' '.join(t.texts.get(0, [])[:30])!r}")
-    if args.plot:
-        plot(args.plot, best, naive, setup)
-        log(f"plot: {args.plot}")
-    if out:
-        out.close()
-    return 0
+    return NaiveHost(None)
 
 
 _NAIVE = None
@@ -373,6 +256,9 @@ def naive_recognizer(model: str = "tiny.en", **opts):
 def register_args(p) -> None:
     p.add_argument("--config", default=None, help="daemon configuration (cadence, D, A)")
     p.add_argument("--precision", default="auto", help="auto, fp16, bf16, fp32, int8")
+    p.add_argument("--gpu-processes", default=None,
+                   help="batched recogniser processes: auto or N (default: the config's "
+                        "[recognizer] gpu_processes)")
     p.add_argument("--warm-s", type=float, default=8.0,
                    help="uncounted warm-up trial before each N (graph capture)")
     p.add_argument("--plot", default="gpu_policy.png", help="PNG output ('' for none)")

@@ -27,6 +27,38 @@ def late_cause(word, channel_s: float, previous, previous_until_ns: int | None) 
     # the planner expected the next result before the word's fetch, and it came after
     return "due" if seen[0].end_ns <= previous_until_ns else "deferred"
 
+def account(trial, i: int, ok: bool, res, t_send_ns: int, t_done_ns: int, start_ns: int,
+            planner, plan, shown, previous: list, d_ns: int, a_ns: int) -> None:
+    """Count channel ``i``'s answer to an update sent at ``t_send_ns`` (``ok``: ``res`` is the
+    host's result, else its error) into ``trial``, as a viewer of that channel would notice
+    it; the channel's planner learns the round trip as the pipeline's does."""
+    trial.n_updates += 1
+    rtt = t_done_ns - t_send_ns
+    trial.n_late_updates += rtt > d_ns - a_ns
+    if not ok:
+        trial.n_failed += 1
+        return
+    if res.decoded:  # as the scheduler: a silent window costs next to nothing
+        planner.record(plan, rtt)
+    trial.n_full += plan.full_span
+    hyp = res.hypothesis
+    if not shown[i] and (hyp.committed or hyp.tentative):
+        shown[i] = True
+        trial.ttfc_ms.append((t_done_ns - start_ns) / 1e6)
+    for w in hyp.committed:
+        lat = t_done_ns - (start_ns + w.end_ns)
+        trial.n_words += 1
+        trial.commit_ms.append(lat / 1e6)
+        trial.visible_ms.append(max(d_ns, lat + a_ns) / 1e6)
+        if lat > d_ns - a_ns:
+            trial.n_late += 1
+            why = late_cause(w, (t_done_ns - start_ns) / 1e9, *previous[i])
+            trial.late_why[why] = trial.late_why.get(why, 0) + 1
+        if i < 8:
+            trial.texts.setdefault(i, []).append(w.text)
+    previous[i] = (hyp.tentative, plan.commit_until_ns)
+
+
 def offline_wer(engine, library: np.ndarray, trial, n_check: int = 4) -> float:
     """WER of the committed words against the same engine transcribing the same audio
     offline (the whole heard span at once, subd.recognise.offline), over a few channels."""
