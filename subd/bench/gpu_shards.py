@@ -35,6 +35,21 @@ def _cpu_s(pid: int | None) -> float:
         return 0.0
 
 
+def _raise_open_files() -> None:
+    """Each channel's shared-memory history holds a file descriptor, here and in its
+    recogniser process: a thousand channels pass the usual soft limit of 1024 (a daemon that
+    size needs the same, e.g. systemd's LimitNOFILE)."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = 65536 if hard == resource.RLIM_INFINITY else hard
+    if soft != resource.RLIM_INFINITY and soft < want:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+        except (ValueError, OSError):
+            pass  # as it was: a trial past it says "Too many open files"
+
+
 async def simulate_shards(label: str, rec, spec: tuple, library: np.ndarray, n: int,
                           setup: Setup) -> tuple[Trial, str]:
     """One trial of ``n`` channels on the sharded recogniser ``rec``; (trial, host CPU line)."""
@@ -219,6 +234,7 @@ def run(args) -> int:
                     f"are {args.model}'s; the figures are the capacity of both together)")
         log(capacity)
     counts = [int(x) for x in args.streams.split(",")]
+    _raise_open_files()
     best, _ = asyncio.run(batched_trials(rec, placement, args, spec_args, library, counts,
                                          setup, log))
     # the engine the WER is taken against, and the naive baseline's: in this process
