@@ -111,7 +111,7 @@ class RecognizerConfig:
     # always, on the CPU from 2 channels on; "on"; "off" (one decode at a time, as before)
     batched: str = field(default="auto", metadata=choice("auto", "on", "off"))
     # how many batched recogniser processes share the channels (subd.service.sharding): "auto"
-    # = 1 on the CPU, on CUDA half the cores (at most 8); or N (1..64)
+    # = 1 on the CPU, on CUDA half the cores (at most 4); or N (1..64)
     gpu_processes: str | int = "auto"
     # a loaded, idle twin of each stage process takes over at once when one dies or hangs
     # (subd.service.stages): recovery without a model load, for one more model in memory

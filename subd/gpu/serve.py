@@ -33,6 +33,11 @@ def load_batching_engine(model: str = "tiny.en", device: str = "auto", precision
     from subd.models.batched_window import WindowEngine
     from subd.models.engine import live_threads
     placement = place(device, precision)
+    if placement.cuda:
+        # cuDNN's attention builds a plan for every new shape (hundreds of ms of host time),
+        # and batch sizes and prompt lengths change every batch: the flash and memory-efficient
+        # kernels instead (the in-process bench had this set, the daemon's process had not)
+        torch.backends.cuda.enable_cudnn_sdp(False)
     if not placement.cuda:
         torch.set_num_threads(threads or live_threads())
     elif threads:  # one of several processes on this GPU: its share of the cores

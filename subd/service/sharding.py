@@ -29,7 +29,10 @@ from subd.service.stages import ChannelWorker
 
 log = logging.getLogger("subd.service.sharding")
 MAX_SHARDS = 64
-AUTO_MAX_SHARDS = 8  # past this the processes' CUDA contexts and graphs cost more than they give
+# auto: at most this many. H200, tiny.en: 4 processes served 256 channels (GPU 74 % busy), 8
+# kept up with none of 256 (GPU 92 % busy): without MPS the processes' kernels take turns on
+# the GPU, and more contexts cost more switching than they free host time
+AUTO_MAX_SHARDS = 4
 
 
 def usable_cores() -> int:
