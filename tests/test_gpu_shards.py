@@ -132,3 +132,56 @@ def test_channels_spread_over_shards_and_a_dead_shard_stalls_only_its_own():
                 h.close()
 
     asyncio.run(scenario())
+
+
+@pytest.mark.skipif(len(CLIPS) < 3 or importlib.util.find_spec("subd.recognise.streaming")
+                    is None, reason="needs the LibriVox clips and the streaming recogniser")
+def test_subd_run_shares_its_channels_out_over_gpu_processes(tmp_path):
+    """``subd run`` with gpu_processes = 2 (batched on the CPU): two recogniser processes, one
+    channel each, and each channel its own clip's words."""
+    import re
+
+    from daemon_helpers import free_port, read_jsonl, start_daemon, wait_for
+    from test_batched_daemon import _reference
+
+    from subd.scoring.wer import normalise, wer
+
+    clips = [c for c in CLIPS if c.name.endswith(("0870.wav", "0920.wav"))]
+    port = free_port()
+    channels = "".join(f"""
+[channels.{name}.source]
+kind = "file"
+path = "{clip}"
+loop = false
+speed = 2.0
+[channels.{name}.events]
+path = "{tmp_path}/{name}.jsonl"
+""" for name, clip in zip("ab", clips, strict=True))
+    daemon = start_daemon(tmp_path, f"""
+[tick]
+latency_ms = 2000
+[recognizer]
+batched = "on"
+gpu_processes = 2
+[pipeline]
+tagger = "none"
+[server]
+port = {port}
+[sinks]
+enabled = ["sse"]
+{channels}""", port)
+    try:
+        wait_for(lambda: daemon.log_text().count("published") >= 2, 300,
+                 "both channels to finish", daemon.proc, daemon.log)
+    finally:
+        daemon.stop()
+    log = daemon.log_text()
+    assert "recognise: 2 batched processes share the channels" in log
+    # one channel on each process: each answered its own channel's requests
+    served = dict(re.findall(r"(recognise\.\d): (\d+) requests in \d+ batches", log))
+    assert set(served) == {"recognise.0", "recognise.1"}, log[-2000:]
+    assert all(int(n) > 0 for n in served.values())
+    for name, clip in zip("ab", clips, strict=True):
+        _, ticks = read_jsonl(tmp_path / f"{name}.jsonl")
+        words = [w["w"] for t in ticks for w in t["committed"]]
+        assert wer(normalise(_reference(clip)), normalise(" ".join(words))) <= 0.25, words

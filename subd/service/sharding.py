@@ -113,7 +113,7 @@ class ShardedRecogniser:
         for outcome in started:
             if isinstance(outcome, BaseException):
                 raise outcome
-        log.info("recognise: %d batched processes (pids %s)", len(self.shards),
+        log.info("recognise: %d batched processes started (pids %s)", len(self.shards),
                  ", ".join(str(getattr(s.worker, "pid", "?")) for s in self.shards))
 
     def keep_spare(self) -> None:
@@ -139,6 +139,7 @@ class ShardedRecogniser:
 def build_shards(make_worker, n_shards: int, **kwargs: Any) -> ShardedRecogniser:
     """``n_shards`` supervised shards; ``make_worker(name, index)`` gives each one's (unstarted)
     worker, named ``recognise.K`` so that health and the logs tell them apart."""
+    log.info("recognise: %d batched processes share the channels", n_shards)
     return ShardedRecogniser([BatchingSharedWorker(make_worker(f"recognise.{k}", k), **kwargs)
                               for k in range(n_shards)])
 
