@@ -234,3 +234,21 @@ def test_an_unsure_word_commits_when_three_decodes_in_a_row_agree(speech_clips, 
         assert committed_at == {"Unless": 2.4, "to": 2.4}  # "to" (sure) had only waited
     else:  # two unsure guesses never commit; max_tentative_ms does, from 2.6 s
         assert committed_at == {}
+
+
+def test_a_mark_alone_is_no_word_and_the_first_word_is_kept(int8_engine, speech_clips):
+    """Deadline mode, Whisper's full input, a short horizon (a fast device at D = 1 s): the
+    first decode of LibriVox 0870 ("And Mr. John Dashwood ...") hears its first breath as " ."
+    alone. Committed as a word, it was forced into every later prefix and "And" was lost."""
+    clip = next(c for c in speech_clips if c.path.stem.endswith("0870"))
+    audio = load_audio(clip.path)[: 2 * SAMPLE_RATE_HZ]
+    rec = StreamingRecognizer("tiny.en", engine=int8_engine)
+    step = SAMPLE_RATE_HZ // 5
+    committed = []
+    for start in range(0, len(audio), step):
+        rec.accept(AudioChunk(start, audio[start : start + step]))
+        until = max(0, samples_to_ns(start + step) - 300_000_000)
+        committed += rec.update(commit_until_ns=until, full_span=True).committed
+    texts = [w.text for w in committed]
+    assert all(any(ch.isalnum() for ch in t) for t in texts), texts
+    assert normalise(texts[0]) == ["and"], texts

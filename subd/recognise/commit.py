@@ -20,9 +20,10 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol
 
+from subd.models.alignment import WordTiming
 from subd.types import Word
 
 NS_PER_MS = 1_000_000
@@ -108,6 +109,23 @@ def decide(cfg: PolicyConfig, words: Sequence[Word], previous: Sequence[Word],
     if forced:
         n = len(words) - 1  # never let the window overflow: commit all but the last word
     return CommitDecision(n, tuple(streak), forced)
+
+
+def hypothesis_words(timings: Sequence[WordTiming], offset_ns: int) -> list[Word]:
+    """A decode's timed words on the stream's clock (``offset_ns``: the window's start). A
+    mark alone is no word: it closes the word before it. Alone at a decode's start (Whisper's
+    "." for a stream's first breath) it was committed as a word, forced into every later
+    prefix, and the stream's first word was lost (". Mr John")."""
+    words: list[Word] = []
+    for w in timings:
+        text = w.text.strip()
+        if not any(ch.isalnum() for ch in text):
+            if text and words:
+                words[-1] = replace(words[-1], text=words[-1].text + text)
+            continue
+        words.append(Word(text=text, start_ns=offset_ns + int(w.start_s * 1e9),
+                          end_ns=offset_ns + int(w.end_s * 1e9), probability=w.probability))
+    return words
 
 
 def after_commit_point(words: list[Word], committed: Sequence[Word], committed_end_ns: int,

@@ -40,7 +40,12 @@ from subd.models.engine import (
     live_threads,
 )
 from subd.models.words import prompt_text
-from subd.recognise.commit import after_commit_point, decide, stacked_tail_cut
+from subd.recognise.commit import (
+    after_commit_point,
+    decide,
+    hypothesis_words,
+    stacked_tail_cut,
+)
 from subd.recognise.language import LanguageTracker
 from subd.recognise.loops import cut_loop, transcribe_unlooped
 from subd.recognise.settle import has_speech, settled_end
@@ -273,19 +278,7 @@ class StreamingRecognizer:
         self.n_decodes += 1
         self.n_capped += result.decode.capped
         offset_ns = samples_to_ns(st.window_start)
-        words = []
-        for w in result.words:
-            text = w.text.strip()
-            if not text:
-                continue
-            words.append(
-                Word(
-                    text=text,
-                    start_ns=offset_ns + int(w.start_s * 1e9),
-                    end_ns=offset_ns + int(w.end_s * 1e9),
-                    probability=w.probability,
-                )
-            )
+        words = hypothesis_words(result.words, offset_ns)
         # deadline mode takes due words from one hypothesis, looped copies too (see commit.py)
         if self.deadline_mode:
             words = stacked_tail_cut(words, offset_ns + samples_to_ns(len(window)))
