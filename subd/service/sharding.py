@@ -31,7 +31,8 @@ log = logging.getLogger("subd.service.sharding")
 MAX_SHARDS = 64
 # auto: at most this many. H200, tiny.en: 4 processes served 256 channels (GPU 74 % busy), 8
 # kept up with none of 256 (GPU 92 % busy): without MPS the processes' kernels take turns on
-# the GPU, and more contexts cost more switching than they free host time
+# the GPU, and more contexts cost more switching than they free host time. Under CUDA MPS the
+# kernels run side by side and 8 served 512 (set gpu_processes = 8 there: auto does not assume it)
 AUTO_MAX_SHARDS = 4
 
 
