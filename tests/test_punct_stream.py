@@ -241,3 +241,25 @@ def test_a_tentative_word_that_starts_early_is_no_pause(tagger: PunctTagger) -> 
     up = stream.update_from(Hypothesis(tuple(words), tentative, tentative[-1].end_ns))
     assert [t.word.text for t in up.final] == ["we", "will", "meet"]  # "again" waits
     assert [t.word.text for t in up.provisional] == ["again", "on", "tuesday"]
+
+
+@pytest.mark.parametrize("tagger_commas", [True, False])
+def test_a_comma_the_recogniser_left_out_is_the_taggers_to_add(
+        tagger: PunctTagger, tagger_commas: bool) -> None:
+    """Deadline mode: Whisper, with words decoded after it, wrote "antecedents" bare (LibriVox
+    0920, "... nothing of my antecedents, nor of the circumstances ..."; offline it writes the
+    comma). Its own marks stand where it wrote them; where it wrote none, the tagger's comma
+    is kept."""
+    spelled = ("If the reader will excuse me, I will say nothing of my antecedents nor of the "
+               "circumstances which led me to leave my native country.").split()
+    words, t = [], 0
+    for w in spelled:
+        words.append(Word(w, t * MS, (t + 250) * MS))
+        t += 300 + (400 if w == "antecedents" else 0)
+    stream = PunctStream(tagger, PunctConfig(tagger_commas=tagger_commas))
+    n = spelled.index("antecedents") + 1
+    out = stream.update(words[:n + 3], words[n + 3:], words[-1].end_ns,
+                        decide_until_ns=words[n - 1].end_ns)
+    shown = render(out.final)
+    assert shown.startswith("If the reader will excuse me,"), shown  # Whisper's own comma
+    assert shown.endswith("antecedents,") == tagger_commas, shown
