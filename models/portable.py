@@ -9,6 +9,7 @@ copy: the rounding changes the weights, not the code being compared.
 from __future__ import annotations
 
 import dataclasses
+import pickle
 import shutil
 from pathlib import Path
 
@@ -56,7 +57,8 @@ def load_portable(model_dir: Path) -> LoadedModel:
     path = model_dir / WEIGHTS_FILE
     try:
         ckpt = torch.load(path, map_location="cpu", weights_only=True)
-    except (OSError, RuntimeError, KeyError) as exc:
+    except (OSError, RuntimeError, KeyError, EOFError, ValueError,
+            pickle.UnpicklingError) as exc:
         raise ModelError(f"{path}: not a portable model ({type(exc).__name__})") from None
     model = Whisper(WhisperDims(**ckpt["dims"]))
     state = {}

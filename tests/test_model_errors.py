@@ -98,3 +98,23 @@ def test_cli_bad_model_path_exits_2_with_one_line(tmp_path, speech_clips):
     assert proc.returncode == 2
     assert proc.stderr.strip().count("\n") == 0 and "config.json: missing" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_a_compact_copy_loads_from_its_path_and_recognises(model_dir, speech_clips):
+    """subd's compact int8-rounded copy (models.portable, what fits on a machine the wheel
+    cannot reach) is a model path like any other: the CPU engine loads it and transcribes."""
+    from subd.models.engine import WhisperEngine
+    from subd.models.portable import save_portable
+    from subd.sources.decode import load_audio
+    from tests.conftest import normalise, word_errors
+
+    copy = save_portable(load_model("tiny.en"), model_dir / "compact", model_dir / "tokenizer.json")
+    engine = WhisperEngine.load(str(copy), quantize=True)
+    clip = speech_clips[0]
+    words = engine.transcribe_window(load_audio(clip.path)).words
+    text = " ".join(w.text for w in words)
+    ref = normalise(clip.transcript)
+    assert word_errors(ref, normalise(text)) <= 0.2 * len(ref), text
+    (copy / "weights_int8.pt").write_bytes(b"\x00" * 64)
+    with pytest.raises(ModelError, match="not a portable model"):
+        load_model(str(copy))
