@@ -17,6 +17,7 @@ layout rules.
 
 from __future__ import annotations
 
+import asyncio
 import csv
 import json
 import shutil
@@ -29,10 +30,14 @@ import pysrt
 import pytest
 import soundfile as sf
 
+from subd.clock import FakeClock
+from subd.history import AudioHistory
 from subd.layout.cjk import line_faults
 from subd.layout.cues import CueLayout
 from subd.models.engine import WhisperEngine
 from subd.models.punct import PunctTagger
+from subd.pipeline.contracts import TickSettings
+from subd.pipeline.scheduler import Pipeline
 from subd.punct.marks import ScriptTagger
 from subd.punct.stream import PunctStream
 from subd.recognise.loops import loop_start
@@ -40,6 +45,9 @@ from subd.recognise.streaming import StreamingRecognizer
 from subd.scoring.cer import cer, units
 from subd.scoring.punct import stream_hypotheses
 from subd.script import has_cjk, join_words
+from subd.sources.live import FileSource
+from subd.workers.hosts import FactorySpec, RecogniserHost, TagHost
+from subd.workers.process import InlineWorker
 
 SENTENCES = (
     "在这种规模的项目中，很难避免遇到与你意见不和，或者难以合作的人。",
@@ -261,3 +269,105 @@ def test_subd_stream_writes_chinese_cues(aishell, tmp_path):
     cjk = [u for u in units("".join(lines)) if has_cjk(u)]
     assert len(cjk) >= len(units(aishell["ref"])) // 2, lines
     assert [f for line in lines for f in line_faults(line, 16)] == []
+
+
+# ---- the daemon's path: deadline mode ---------------------------------------------------------
+# `subd stream` and `subd run` decide each character at its tick's deadline T(k) - A, from the
+# hypothesis with the most right context in by then (subd.pipeline.deadline): the pipeline's
+# scheduler and update planner over the streaming recogniser. Here on a fake clock on which an
+# update lasts what base int8 takes on one idle core of the 2-core machine these figures were
+# measured on (the daemon's recogniser thread: Whisper's full 30 s input 1.29-1.45 s, the cut
+# span 0.38-0.40 s, measured on AISHELL): the decisions `subd stream --language zh` makes
+# there at the default D = 2 s, the same in every run, however busy the machine is.
+BASE_UPDATE_MS = {True: 1350, False: 400}  # full input, cut span
+TAG_PASS_MS = 5
+T0_NS = 10**12
+
+# Not met on this machine (see the README, Languages). Traced decision by decision on AISHELL:
+# * the planner expects the next result no sooner than the largest of the last 20 round trips
+#   (subd.pipeline.deadline, HORIZONS_KEPT), and the probe of the full input at the start of
+#   the stream (1.35 s for base here) makes that 1.75 s: for the next 20 updates (~8 s) every
+#   character is decided with ~0.1 s of right context (停滞 -> 停制, 城市 -> 潮事, 虽然 -> 孙阳).
+#   Kept per kind of update (a patch to the planner, not in this tree), the characters get ~1 s
+#   and AISHELL goes from 0.132-0.211 to 0.079 in all six runs (3 update-cost models x 0 or
+#   0.3 s of silence first), the held-out real clips 0.36 -> 0.40 (noise: meeting speech);
+# * the character left then is 虽然 -> 孙然, a near-tie that base reads right only once it has
+#   heard the whole phrase on Whisper's full input, which costs too much here at D = 2 s (at
+#   D = 3 and 4 s it stays wrong too: 渇然, 孙然): 3 characters wrong against transcribe's 2.
+# espeak-ng: 0.680 against 0.530 with or without the planner patch.
+DEADLINE_NOT_MET = pytest.mark.xfail(strict=False, reason=(
+    "issue 20 acceptance not met on the daemon's path at D = 2 s on this machine: characters "
+    "are decided with ~0.1 s of right context after the planner's full-input probe (AISHELL "
+    "0.184 vs 0.053), and near-ties need the whole phrase (0.079 with the planner patched)"))
+
+
+class _Published:
+    """Pipeline observer: each committed word as a viewer gets it, and when it was published."""
+
+    def __init__(self) -> None:
+        self.words: list[tuple[str, int, int]] = []  # (text with its mark, end ns, sent ns)
+
+    def on_hypothesis(self, result, now_ns: int) -> None:
+        pass
+
+    def on_publish(self, state, sent_ns: int) -> None:
+        self.words += [(tw.text + tw.punct, tw.word.end_ns, sent_ns) for tw in state.committed]
+
+
+def daemon_path(engine: WhisperEngine, audio: np.ndarray, language: str,
+                latency_ms: int = 2000) -> tuple[list[tuple[str, int, int]], Pipeline]:
+    """The words `subd stream --language LANGUAGE --latency-ms LATENCY_MS` publishes for
+    ``audio``, decided as on one idle core (``BASE_UPDATE_MS``), with their publication times."""
+    clock = FakeClock(start_ns=T0_NS)
+    history = AudioHistory(40 * 16000)  # [recognizer] history_s
+    spec = FactorySpec("subd.recognise.streaming:StreamingRecognizer",
+                       {"model": "base", "engine": engine, "language": language})
+    recogniser = RecogniserHost(spec, history.capacity, history=history)
+    settings = TickSettings(latency_ms=latency_ms, drain_timeout_s=60)
+    seen = _Published()
+    pipeline = Pipeline(
+        clock=clock, settings=settings, source=FileSource(audio, name="mandarin"),
+        recogniser=InlineWorker("recognise", recogniser, clock, lambda request: BASE_UPDATE_MS[
+            bool(getattr(request, "full_span", False))] * 1_000_000),
+        tagger=InlineWorker("tag", TagHost(None), clock, lambda request: TAG_PASS_MS * 1_000_000),
+        history=history, observer=seen)
+
+    async def run() -> None:
+        task = asyncio.ensure_future(pipeline.run())
+        await clock.run_until_done(task, limit_ns=T0_NS + int((len(audio) / 16000 + 120) * 1e9))
+        task.result()
+    asyncio.run(run())
+    return seen.words, pipeline
+
+
+@pytest.fixture(scope="module")
+def daemon_runs(request, engine):
+    runs: dict[tuple[str, str], tuple] = {}
+
+    def run(speech: str, language: str):
+        if (speech, language) not in runs:
+            case = request.getfixturevalue(speech)
+            audio, _ = sf.read(case["wav"], dtype="float32")
+            runs[speech, language] = (case, *daemon_path(engine, audio, language))
+        return runs[speech, language]
+    return run
+
+
+@pytest.mark.parametrize(("speech", "language"), [
+    pytest.param(speech, language, marks=DEADLINE_NOT_MET) for speech, language in CASES])
+def test_daemon_path_cer_within_2_points_of_transcribe(daemon_runs, speech, language):
+    """Deadline mode at the default D = 2 s, as `subd stream --language zh` decides: each
+    character published by its tick, and the text within 2 points of `subd transcribe`."""
+    case, words, pipeline = daemon_runs(speech, language)
+    ref = case["ref"]
+    late = [(text, (sent - T0_NS - end) / 1e9) for text, end, sent in words
+            if sent - T0_NS - end > 2_000_000_000 + 1_000_000_000 // 30]
+    stream_text = simplified(join_words([text for text, _, _ in words]))
+    offline_text = simplified(case["offline"]["text"])
+    stream_cer, offline_cer = cer(ref, stream_text), cer(ref, offline_text)
+    print(f"\nCER daemon path D = 2 s {speech} {language}: stream {stream_cer:.3f}, transcribe "
+          f"{offline_cer:.3f} ({len(units(ref))} characters; {len(late)} late; "
+          f"{pipeline.planner.n_full} updates on the full input) {late}\n"
+          f"  stream:     {stream_text}\n  transcribe: {offline_text}")
+    assert sum(has_cjk(u) for u in units(stream_text)) >= len(units(ref)) // 2
+    assert stream_cer <= offline_cer + 0.02
