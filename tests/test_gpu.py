@@ -12,10 +12,11 @@ import numpy as np
 import pytest
 import torch
 
-from subd.bench.gpu import load_any, load_library
+from subd.bench.gpu import load_library
 from subd.kernels.mel import log_mel, pad_or_trim_frames
 from subd.kernels.mel_gpu import MEL_TOLERANCE, log_mel_batch
 from subd.models.batched import BatchedEngine, EngineConfig
+from subd.models.portable import load_weights
 from tests.conftest import normalise
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -30,7 +31,7 @@ def clips() -> list[np.ndarray]:
 def engine():
     from subd.models.engine import WhisperEngine
 
-    return WhisperEngine(load_any(os.environ.get("SUBD_GPU_TEST_MODEL", "tiny.en")))
+    return WhisperEngine(load_weights(os.environ.get("SUBD_GPU_TEST_MODEL", "tiny.en")))
 
 
 def test_gpu_log_mel_matches_cpu_reference(clips):

@@ -104,7 +104,7 @@ def test_a_compact_copy_loads_from_its_path_and_recognises(model_dir, speech_cli
     """subd's compact int8-rounded copy (models.portable, what fits on a machine the wheel
     cannot reach) is a model path like any other: the CPU engine loads it and transcribes."""
     from subd.models.engine import WhisperEngine
-    from subd.models.portable import save_portable
+    from subd.models.portable import load_weights, save_portable
     from subd.sources.decode import load_audio
     from tests.conftest import normalise, word_errors
 
@@ -117,4 +117,4 @@ def test_a_compact_copy_loads_from_its_path_and_recognises(model_dir, speech_cli
     assert word_errors(ref, normalise(text)) <= 0.2 * len(ref), text
     (copy / "weights_int8.pt").write_bytes(b"\x00" * 64)
     with pytest.raises(ModelError, match="not a portable model"):
-        load_model(str(copy))
+        load_weights(str(copy))

@@ -33,16 +33,6 @@ MAX_NEW_TOKENS = 96
 
 
 
-def load_any(model: str):
-    from subd.models.loading import load_model
-    from subd.models.portable import WEIGHTS_FILE, load_portable
-
-    path = Path(model)
-    if path.is_dir() and (path / WEIGHTS_FILE).is_file():
-        return load_portable(path)
-    return load_model(model)
-
-
 class RoundServer:
     """``--batching rounds``: one blocking round per scheduler plan (features, encoder, decode
     until the batch's longest row is done, fallback re-decodes), as the first version served.
@@ -208,6 +198,7 @@ def run(args) -> int:
     from subd.bench.gpu_checks import front_end_and_transcript_checks, warm_engine
     from subd.bench.gpu_stream import StreamServer
     from subd.models.batched import BatchedEngine, EngineConfig
+    from subd.models.portable import load_weights
 
     if args.device == "cuda" and not torch.cuda.is_available():
         raise UserError("no CUDA device: subd bench gpu needs an NVIDIA GPU (or --device cpu)")
@@ -215,7 +206,7 @@ def run(args) -> int:
     # lengths change every round, so use the flash / memory-efficient kernels instead
     torch.backends.cuda.enable_cudnn_sdp(False)
     library, clips = load_library(args.clips)
-    loaded = load_any(args.model)
+    loaded = load_weights(args.model)
     out = open(args.log, "w") if args.log else None  # noqa: SIM115 - closed below
 
     def log(line: str) -> None:

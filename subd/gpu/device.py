@@ -107,8 +107,8 @@ def load_engine(model: str, placement: Placement, *, threads: int | None = None,
                 language: str = "en"):
     """The single-stream engine on ``placement`` (``subd transcribe --device``)."""
     from subd.models.engine import WhisperEngine, _default_threads
-    from subd.models.loading import load_model
+    from subd.models.portable import load_weights
 
-    loaded = on_device(load_model(model), placement)
+    loaded = on_device(load_weights(model), placement)
     return WhisperEngine(loaded, threads=threads or _default_threads(), language=language)
 

