@@ -31,7 +31,8 @@ The next result is in one update cost after this one's, of the kind the *next* u
 Round trips that vary (a batched recogniser: a channel's answer waits for its whole batch, and
 batches differ in size and span) come in later than two quantiles of single costs say, so the
 planner also measures the horizon itself, from an update's sending to the next result, and
-expects the next result no sooner than the largest of the last 20 (subd bench gpu
+expects the next result no sooner than the largest of the last 20 of the same pair of update
+kinds (a probe of the full input is not the horizon of the cut updates after it) (subd bench gpu
 --device cpu, 2 channels batched: 8-14 of ~105 words were committed after their tick's fetch,
 nearly all deferred words whose next result came 0.3-1 s after the estimate; on a fake clock
 with round trips of 300 or 900 ms, tests/test_batched_deadline.py: 6-18 of 70 words late, p95
@@ -91,7 +92,11 @@ class UpdatePlanner:
         self._last_measured: dict[bool, int | None] = {False: None, True: None}
         self._n_plans = 0
         self._on_full = False  # the last choice that was not a probe
-        self._horizons = collections.deque(maxlen=HORIZONS_KEPT)  # send to next result, ns
+        # send to next result, ns, by the kinds of the two updates: a probe of the full input
+        # (base on one core: 1.35 s against 0.4 s cut) is not the horizon of cut updates
+        self._horizons: dict[tuple[bool, bool], collections.deque] = collections.defaultdict(
+            lambda: collections.deque(maxlen=HORIZONS_KEPT))
+        self._recorded_full = False  # the kind of the update last recorded
         self._recorded: tuple[int, int] | None = None  # (plan number, sent_ns) last recorded
 
     def cost_ns(self, full: bool) -> int:
@@ -102,17 +107,22 @@ class UpdatePlanner:
             return max([FIRST_COST_NS[full], *self._costs[not full]])
         return costs[min(len(costs) - 1, int(UPDATE_COST_QUANTILE * len(costs)))]
 
-    def horizon_ns(self) -> int:
-        """How long after an update is sent the next result is in, as measured (0: not yet)."""
-        return max(self._horizons, default=0)
+    def horizon_ns(self, kinds: tuple[bool, bool] | None = None) -> int:
+        """How long after an update is sent the next result is in, as measured (0: not yet):
+        for an update of kind ``kinds[0]`` followed by one of ``kinds[1]``, or any."""
+        if kinds is None:
+            return max((max(h) for h in self._horizons.values() if h), default=0)
+        return max(self._horizons[kinds], default=0)
 
     def record(self, plan: UpdatePlan, cost_ns: int) -> None:
         self._costs[plan.full_span].append(cost_ns)
         self._last_measured[plan.full_span] = self._n_plans
         # this is the next result of the update before, if that one was recorded too
         if self._recorded is not None and self._recorded[0] == self._n_plans - 1:
-            self._horizons.append(plan.sent_ns + cost_ns - self._recorded[1])
+            self._horizons[self._recorded_full, plan.full_span].append(
+                plan.sent_ns + cost_ns - self._recorded[1])
         self._recorded = (self._n_plans, plan.sent_ns)
+        self._recorded_full = plan.full_span
 
     def plan(self, grid: TickGrid, now_ns: int) -> UpdatePlan:
         gap = int(self.min_update_ms * NS_PER_MS / grid.rate)
@@ -122,8 +132,10 @@ class UpdatePlanner:
         # the next result is in one update cost after this one's, or after the audio for the
         # next update has arrived, and that update may be of the other kind (a probe); and no
         # sooner than the horizons measured say
+        next_kind = self._next_kind(full)
         next_in = now_ns + UPDATE_MARGIN_NS + max(
-            max(self.cost_ns(full), gap) + self.cost_ns(self._next_kind(full)), self.horizon_ns())
+            max(self.cost_ns(full), gap) + self.cost_ns(next_kind),
+            self.horizon_ns((full, next_kind)))
         k = grid.first_due_at_or_after(next_in + grid.lookahead_ns)  # first fetch after it
         return UpdatePlan(grid.audio_end_ns(k - 1) if k > 0 else 0, full, now_ns)
 
