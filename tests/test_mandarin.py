@@ -296,9 +296,10 @@ T0_NS = 10**12
 #   D = 3 and 4 s it stays wrong too: 渇然, 孙然): 3 characters wrong against transcribe's 2.
 # espeak-ng: 0.680 against 0.530 with or without the planner patch.
 DEADLINE_NOT_MET = pytest.mark.xfail(strict=False, reason=(
-    "issue 20 acceptance not met on the daemon's path at D = 2 s on this machine: characters "
-    "are decided with ~0.1 s of right context after the planner's full-input probe (AISHELL "
-    "0.184 vs 0.053), and near-ties need the whole phrase (0.079 with the planner patched)"))
+    "issue 20 acceptance not met on the daemon's path at D = 2 s on this machine: AISHELL "
+    "0.079 vs 0.053 (one character: base reads 虽然 right only from its whole phrase on the "
+    "full input, too slow here at D = 2 s; 0.184 before the planner kept its horizons per "
+    "kind of update), espeak-ng 0.680 vs 0.530"))
 
 
 class _Published:

@@ -85,8 +85,13 @@ class StreamingConfig:
     # word before its deadline only once this much audio was heard after it (LocalAgreement
     # alone committed at ~0.6 s: "old-sposed", "ask not. What"). Committed words are forced
     # as the decode's prefix, which keeps the decoded tail (an update's cost, 120-140 ms p50 on
-    # one core) short and steady when D is long; at D <= 1.5 s the deadline comes first.
-    agree_context_ms: int = 1000
+    # one core) short and steady when D is long; at D <= 2.5 s the deadline comes first. With
+    # 1 s, two early decodes at a stream's start agreed on "Go D-Link" ("Good evening") and on
+    # "latest," ("late news. Tonight"), and Whisper continued that forced prefix as one run-on
+    # sentence of commas. subd bench quality --pace cpu --update-ms 450,140 --synthetic, D = 4 s,
+    # 1 s -> 2 s: WER dev 5.2 -> 5.2 %, espeak-ng 25.3 -> 22.7 %, '.' F1 0.75 / 0.00 -> 0.89 /
+    # 0.80 (held-out, looked at only to report: 8.7 -> 6.5 %); 3 s: espeak-ng 26.7 %.
+    agree_context_ms: int = 2000
     # Deadline mode: a pause of pause_commit_ms after the last word commits the tail too (its
     # text; the tagger still decides its punctuation at the deadline)
     deadline_pause_commit: bool = False
