@@ -116,6 +116,22 @@ def test_words_heard_out_long_enough_commit_early_on_agreement(voiced):
     assert [w.text for w in rec.update(commit_until_ns=0).committed] == ["he", "was"]
 
 
+def test_an_early_agreement_needs_two_seconds_heard_after_the_word(voiced):
+    """D = 4 s, defaults: at a stream's start two decodes agree on "latest," ("late news.")
+    heard out for 1.1-1.3 s; committed there, the forced prefix made Whisper write the rest of
+    the espeak-ng news as one run-on sentence of commas. Agreement waits for 2 s of audio
+    after the word, and the later decodes' reading is the one committed."""
+    early = [("the", 0.1, 0.3, 0.9), ("latest,", 0.3, 0.9, 0.9)]
+    late = [("the", 0.1, 0.3, 0.9), ("late", 0.3, 0.6, 0.9), ("news.", 0.6, 0.9, 0.9),
+            ("Tonight,", 1.5, 2.0, 0.9)]
+    rec = StreamingRecognizer(engine=_ScriptedEngine(early, early, late, late))
+    committed = []
+    for end_s in (2.0, 2.2, 2.9, 3.1):
+        _feed(rec, voiced, end_s)
+        committed += rec.update(commit_until_ns=0).committed
+    assert [w.text for w in committed] == ["the", "late", "news."]
+
+
 def test_a_due_word_is_taken_from_the_last_hypothesis_without_a_new_decode(voiced):
     """No new audio for a decode, but a deadline passed: the last hypothesis decides."""
     rec = StreamingRecognizer(engine=_ScriptedEngine(LATE), confident_min_probability=1.0,
