@@ -252,3 +252,15 @@ def test_a_mark_alone_is_no_word_and_the_first_word_is_kept(int8_engine, speech_
     texts = [w.text for w in committed]
     assert all(any(ch.isalnum() for ch in t) for t in texts), texts
     assert normalise(texts[0]) == ["and"], texts
+
+
+def test_a_decodes_marks_close_the_word_before_them_and_symbols_stay_words():
+    from subd.models.alignment import WordTiming
+    from subd.recognise.commit import hypothesis_words
+
+    def timed(*texts):
+        return [WordTiming(t, (), 0.3 * i, 0.3 * i + 0.25, 0.9) for i, t in enumerate(texts)]
+
+    words = hypothesis_words(timed(" .", " rock", " &", " roll", " ?", " 50", "%"), 10**9)
+    assert [w.text for w in words] == ["rock", "&", "roll?", "50%"]
+    assert words[0].start_ns == 10**9 + 300_000_000  # times stay each word's own

@@ -24,6 +24,7 @@ from dataclasses import dataclass, replace
 from typing import Protocol
 
 from subd.models.alignment import WordTiming
+from subd.script import CLOSING
 from subd.types import Word
 
 NS_PER_MS = 1_000_000
@@ -113,14 +114,17 @@ def decide(cfg: PolicyConfig, words: Sequence[Word], previous: Sequence[Word],
 
 def hypothesis_words(timings: Sequence[WordTiming], offset_ns: int) -> list[Word]:
     """A decode's timed words on the stream's clock (``offset_ns``: the window's start). A
-    mark alone is no word: it closes the word before it. Alone at a decode's start (Whisper's
-    "." for a stream's first breath) it was committed as a word, forced into every later
-    prefix, and the stream's first word was lost (". Mr John")."""
+    closing mark alone (".", "?", "，") is no word: it closes the word before it. Alone at a
+    decode's start (Whisper's "." for a stream's first breath) it was committed as a word,
+    forced into every later prefix, and the stream's first word was lost (". Mr John"). Other
+    symbols ("&", "-") stay words."""
     words: list[Word] = []
     for w in timings:
         text = w.text.strip()
-        if not any(ch.isalnum() for ch in text):
-            if text and words:
+        if not text:
+            continue
+        if all(ch in CLOSING for ch in text):
+            if words:
                 words[-1] = replace(words[-1], text=words[-1].text + text)
             continue
         words.append(Word(text=text, start_ns=offset_ns + int(w.start_s * 1e9),
