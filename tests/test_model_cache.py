@@ -65,7 +65,7 @@ def no_conversion(monkeypatch) -> None:
     def convert(*args, **kwargs):
         raise AssertionError("the model was converted again instead of read from the cache")
 
-    monkeypatch.setattr(engine_module, "load_model", convert)
+    monkeypatch.setattr(engine_module, "load_weights", convert)
 
 
 def copy_of(directory: Path, tmp_path: Path) -> Path:
@@ -154,8 +154,8 @@ def test_a_changed_model_file_is_converted_again_and_its_stale_cache_removed(
     stat = (model_dir / "model.bin").stat()
     os.utime(model_dir / "model.bin", ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))
     conversions = []
-    real_load_model = engine_module.load_model
-    monkeypatch.setattr(engine_module, "load_model",
+    real_load_model = engine_module.load_weights
+    monkeypatch.setattr(engine_module, "load_weights",
                         lambda name: conversions.append(name) or real_load_model(name))
     WhisperEngine.load(str(model_dir))
     assert conversions == [str(model_dir)]
