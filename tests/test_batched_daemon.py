@@ -18,6 +18,19 @@ pytestmark = pytest.mark.skipif(
     reason="needs the LibriVox clips (pocketsphinx-testdata) and the streaming recogniser")
 
 
+def file_channels(clips, tmp_path) -> str:
+    """Channels "a", "b", ... each playing one clip once at twice real time, events to a file."""
+    return "".join(f"""
+[channels.{name}.source]
+kind = "file"
+path = "{clip}"
+loop = false
+speed = 2.0
+[channels.{name}.events]
+path = "{tmp_path}/{name}.jsonl"
+""" for name, clip in zip("abcdefgh", clips, strict=False))
+
+
 def _reference(path) -> str:
     from subd.bench.realtime import librivox_clips
 
@@ -26,15 +39,7 @@ def _reference(path) -> str:
 
 def test_two_channels_share_one_batched_recogniser(tmp_path):
     port = free_port()
-    channels = "".join(f"""
-[channels.{name}.source]
-kind = "file"
-path = "{clip}"
-loop = false
-speed = 2.0
-[channels.{name}.events]
-path = "{tmp_path}/{name}.jsonl"
-""" for name, clip in zip("ab", CLIPS, strict=True))
+    channels = file_channels(CLIPS, tmp_path)
     daemon = start_daemon(tmp_path, f"""
 [tick]
 latency_ms = 2000

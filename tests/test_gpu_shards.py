@@ -142,21 +142,13 @@ def test_subd_run_shares_its_channels_out_over_gpu_processes(tmp_path):
     import re
 
     from daemon_helpers import free_port, read_jsonl, start_daemon, wait_for
-    from test_batched_daemon import _reference
+    from test_batched_daemon import _reference, file_channels
 
     from subd.scoring.wer import normalise, wer
 
     clips = [c for c in CLIPS if c.name.endswith(("0870.wav", "0920.wav"))]
     port = free_port()
-    channels = "".join(f"""
-[channels.{name}.source]
-kind = "file"
-path = "{clip}"
-loop = false
-speed = 2.0
-[channels.{name}.events]
-path = "{tmp_path}/{name}.jsonl"
-""" for name, clip in zip("ab", clips, strict=True))
+    channels = file_channels(clips, tmp_path)
     daemon = start_daemon(tmp_path, f"""
 [tick]
 latency_ms = 2000

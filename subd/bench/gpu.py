@@ -196,6 +196,7 @@ def run(args) -> int:
     import torch
 
     from subd.bench.gpu_checks import front_end_and_transcript_checks, warm_engine
+    from subd.bench.gpu_report import TrialLog
     from subd.bench.gpu_stream import StreamServer
     from subd.models.batched import BatchedEngine, EngineConfig
     from subd.models.portable import load_weights
@@ -207,13 +208,7 @@ def run(args) -> int:
     torch.backends.cuda.enable_cudnn_sdp(False)
     library, clips = load_library(args.clips)
     loaded = load_weights(args.model)
-    out = open(args.log, "w") if args.log else None  # noqa: SIM115 - closed below
-
-    def log(line: str) -> None:
-        print(line, flush=True)
-        if out:
-            out.write(line + "\n")
-            out.flush()
+    log = TrialLog(args.log)
 
     counts = [int(x) for x in args.streams.split(",")]
     naive_counts = [int(x) for x in args.naive_streams.split(",")]
@@ -278,8 +273,7 @@ def run(args) -> int:
         f"the moment a stream has {base.first_ms} ms of audio)")
     if best and best.sample_texts:
         log(f"  sample caption: {best.sample_texts[0]!r}")
-    if out:
-        out.close()
+    log.close()
     return 0
 
 

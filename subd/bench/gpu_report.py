@@ -5,6 +5,24 @@ from __future__ import annotations
 
 import numpy as np
 
+
+class TrialLog:
+    """The bench's lines: printed as they come, and written to ``path`` too (--log)."""
+
+    def __init__(self, path: str | None) -> None:
+        self._out = open(path, "w") if path else None  # noqa: SIM115 - closed by close()
+
+    def __call__(self, line: str) -> None:
+        print(line, flush=True)
+        if self._out:
+            self._out.write(line + "\n")
+            self._out.flush()
+
+    def close(self) -> None:
+        if self._out:
+            self._out.close()
+
+
 # trials and the setup are subd.bench.gpu_policy's Trial and Setup (not imported: that module
 # imports this one)
 FIRST_S = 3.0  # a late word this early in its channel: the planner had measured little yet

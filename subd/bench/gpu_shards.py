@@ -184,7 +184,7 @@ def run(args) -> int:
     import torch
 
     from subd.bench import gpu_policy
-    from subd.bench.gpu_report import offline_wer, plot
+    from subd.bench.gpu_report import TrialLog, offline_wer, plot
     from subd.bench.gpu_sim import load_library
     from subd.config import config_from_dict, load_config
     from subd.gpu.device import on_device, place
@@ -208,13 +208,7 @@ def run(args) -> int:
     setup = Setup(cfg.tick.latency_ms, cfg.tick.lookahead_ms, rec.min_update_ms,
                   args.duration_s, args.ramp_s, cfg.tick.fps, rec.encoder_span)
     library, _ = load_library(args.clips)
-    out = open(args.log, "w") if args.log else None  # noqa: SIM115 - closed below
-
-    def log(line: str) -> None:
-        print(line, flush=True)
-        if out:
-            out.write(line + "\n")
-            out.flush()
+    log = TrialLog(args.log)
 
     spec = recognizer_spec(args.model, "", encoder_pad_ms=rec.encoder_pad_ms)
     spec_args = (spec.target, dict(spec.kwargs, model=args.model))
@@ -276,6 +270,5 @@ def run(args) -> int:
     if args.plot:
         plot(args.plot, best, naive, setup)
         log(f"plot: {args.plot}")
-    if out:
-        out.close()
+    log.close()
     return 0
