@@ -44,6 +44,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--span", choices=("full", "cut"), default="full",
                    help="encoder input: Whisper's whole 30 s (the daemon's choice at D = 2 s "
                         "on this project's 2-core machine) or the cut span")
+    p.add_argument("--device", default="cpu",
+                   help="cpu: the daemon's serial recogniser process (its CPU default); cuda "
+                        "or cuda:N: its batched recogniser process on that GPU, as `subd run` "
+                        "with [recognizer] device starts it (its GPU memory is printed too)")
+    p.add_argument("--batched", action="store_true",
+                   help="the batched recogniser process on the CPU too ([recognizer] batched "
+                        "= \"on\")")
     p.set_defaults(func=run)
 
 
@@ -69,12 +76,20 @@ async def soak(args: argparse.Namespace, audio: np.ndarray) -> list[dict]:
     from subd.workers.process import ProcessWorker
 
     history = AudioHistory(40 * SAMPLE_RATE_HZ, shared=True)
-    rec = ProcessWorker("recognise", FactorySpec("subd.workers.hosts:RecogniserHost", {
+    host = FactorySpec("subd.workers.hosts:RecogniserHost", {
         "recognizer": recognizer_spec(args.model), "history_capacity": history.capacity,
-        "history_name": history.shm_name}))
+        "history_name": history.shm_name})
     tag = ProcessWorker("tag", FactorySpec("subd.workers.hosts:TagHost",
                                            {"tagger": resolve_tagger("auto")}))
-    await asyncio.gather(rec.start(), tag.start())
+    if args.device == "cpu" and not args.batched:
+        rec = ProcessWorker("recognise", host)
+        await asyncio.gather(rec.start(), tag.start())
+        stage, rec_pid = rec, rec._proc.pid  # noqa: SLF001
+    else:  # the daemon's batched recogniser stage, one process, this channel attached to it
+        stage = await batched_stage(args.model, args.device)
+        await tag.start()
+        rec = await stage.attach("soak", host)
+        rec_pid = stage.shards[0].worker.pid
     step = args.step_ms * SAMPLE_RATE_HZ // 1000
     audio = np.concatenate([audio, np.zeros(-len(audio) % step, audio.dtype)])
     loop = len(audio)  # the input repeats, at the same update phases, every loop
@@ -106,7 +121,8 @@ async def soak(args: argparse.Namespace, audio: np.ndarray) -> list[dict]:
         final = fed >= total
         plan = planner.plan(grid, fed * 62_500) if args.latency_ms and not final else None
         result = await rec.call(FinishRequest(fed) if final else UpdateRequest(
-            fed, plan and plan.commit_until_ns, full_span=bool(plan and plan.full_span)))
+            fed, plan and plan.commit_until_ns, full_span=bool(plan and plan.full_span)),
+            time.monotonic_ns())
         if plan is not None and result.decoded:
             planner.record(plan, result.duration_ns)
         hyp = result.hypothesis
@@ -127,7 +143,8 @@ async def soak(args: argparse.Namespace, audio: np.ndarray) -> list[dict]:
             await asyncio.sleep(0.05)  # the workers trim their heaps after answering
             marks.append({"audio_min": fed / SAMPLE_RATE_HZ / 60,
                           "rss_main_mb": rss_mb(os.getpid()),
-                          "rss_recogniser_mb": rss_mb(rec._proc.pid),  # noqa: SLF001
+                          "rss_recogniser_mb": rss_mb(rec_pid),
+                          "gpu_recogniser_mb": gpu_mb(rec_pid),
                           "rss_tagger_mb": rss_mb(tag._proc.pid),  # noqa: SLF001
                           "committed_p95_ms": p95(latencies, since),
                           "audio_timeline_p95_ms": p95(audio_lat, since),
@@ -135,7 +152,8 @@ async def soak(args: argparse.Namespace, audio: np.ndarray) -> list[dict]:
                           "realtime_factor": (fed / SAMPLE_RATE_HZ)
                           / max(1e-9, time.monotonic() - t_start)})
             print("  minute {audio_min:6.1f}: RSS main {rss_main_mb:.0f} MB, recogniser "
-                  "{rss_recogniser_mb:.0f} MB, tagger {rss_tagger_mb:.0f} MB; committed p95 "
+                  "{rss_recogniser_mb:.0f} MB (GPU {gpu_recogniser_mb:.0f} MB), tagger "
+                  "{rss_tagger_mb:.0f} MB; committed p95 "
                   "{committed_p95_ms:.0f} ms (audio timeline {audio_timeline_p95_ms:.0f} ms,"
                   " update compute {update_compute_p95_ms:.0f} ms); {realtime_factor:.1f}x real"
                   " time"
@@ -144,9 +162,43 @@ async def soak(args: argparse.Namespace, audio: np.ndarray) -> list[dict]:
             next_mark = last_mark if fed + five > last_mark and fed < last_mark else fed + five
     if tagging is not None:
         await tagging
-    await asyncio.gather(rec.close(), tag.close())
+    await asyncio.gather(stage.close(), tag.close())
     history.close()
     return marks
+
+
+async def batched_stage(model: str, device: str):
+    """``subd run``'s batched recogniser stage for ``[recognizer] device = device``."""
+    import dataclasses
+
+    from subd.config import config_from_dict
+    from subd.gpu.device import place
+    from subd.service.sharding import batched_recogniser
+
+    placement = place(device, "auto")
+    cfg = config_from_dict({"sinks": {"enabled": []}}).recognizer
+    cfg = dataclasses.replace(cfg, model=model, device=placement.device,
+                              precision=placement.precision, gpu_processes=1)
+    stage = batched_recogniser(cfg, cuda=placement.cuda)
+    await stage.start(600)
+    return stage
+
+
+def gpu_mb(pid: int) -> float:
+    """GPU memory the driver holds for process ``pid`` in MB (nan without a GPU or nvidia-smi)."""
+    import subprocess
+
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory",
+                              "--format=csv,noheader,nounits"], capture_output=True,
+                             text=True, timeout=10, check=True).stdout
+    except (OSError, subprocess.SubprocessError):
+        return float("nan")
+    for line in out.splitlines():
+        fields = [f.strip() for f in line.split(",")]
+        if len(fields) == 2 and fields[0] == str(pid):
+            return float(fields[1])
+    return float("nan")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -160,7 +212,8 @@ def run(args: argparse.Namespace) -> int:
     print(f"soak: {clip.name} looped to {args.minutes:.0f} min, {args.step_ms} ms per update")
     marks = asyncio.run(soak(args, audio))
     first, last = marks[0], marks[-1]
-    for key in ("rss_main_mb", "rss_recogniser_mb", "rss_tagger_mb", "committed_p95_ms",
+    for key in ("rss_main_mb", "rss_recogniser_mb", "gpu_recogniser_mb", "rss_tagger_mb",
+                "committed_p95_ms",
                 "audio_timeline_p95_ms", "update_compute_p95_ms"):
         growth = (last[key] - first[key]) / first[key] * 100 if first[key] else float("nan")
         print(f"{key:22s} minute {first['audio_min']:.1f}: {first[key]:8.1f}   "
