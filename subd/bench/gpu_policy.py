@@ -153,7 +153,7 @@ def simulate(label: str, host, spec: tuple, library: np.ndarray, n: int, setup: 
     plans = [None] * n
     previous: list[tuple] = [((), None)] * n  # last result's tentative words, its deadline
     end_ns = t0 + int((setup.ramp_s + setup.duration_s) * NS_PER_S)
-    with UtilSampler() as util:
+    with UtilSampler() as util, _serial_threads(batched):
         while (now := time.monotonic_ns()) < end_ns:
             heard = np.maximum(0, (now - start) * SAMPLE_RATE_HZ // NS_PER_S)
             ready = np.nonzero(heard - ch.sent >= min_new)[0]
@@ -188,6 +188,22 @@ def simulate(label: str, host, spec: tuple, library: np.ndarray, n: int, setup: 
     trial.offsets, trial.sent = ch.offsets, ch.sent.copy()
     ch.close()
     return trial
+
+
+def _serial_threads(batched: bool):
+    """The naive baseline on the CPU runs on the daemon's serial recogniser's torch threads
+    (subd.models.engine.live_threads: all cores but one), not torch's default of every core:
+    on 2 shared cores two threads stall each product on the busy one."""
+    import contextlib
+
+    import torch
+
+    if batched or torch.cuda.is_available():
+        return contextlib.nullcontext()
+    from subd.models.engine import live_threads
+    from subd.torch_threads import torch_threads
+
+    return torch_threads(live_threads())
 
 
 def describe(t: Trial) -> str:

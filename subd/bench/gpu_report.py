@@ -57,7 +57,7 @@ def account(trial, i: int, ok: bool, res, t_send_ns: int, t_done_ns: int, start_
         trial.n_failed += 1
         return
     if res.decoded:  # as the scheduler: a silent window costs next to nothing
-        planner.record(plan, rtt)
+        planner.record(plan, rtt, res.duration_ns)  # its own run, the rest a wait
     trial.n_full += plan.full_span
     hyp = res.hypothesis
     if not shown[i] and (hyp.committed or hyp.tentative):

@@ -70,6 +70,12 @@ SPANS = ("auto", "cut", "full")
 # on one CPU core, that is the estimate from the two costs). The largest of 20 is later than
 # the next horizon 20 times in 21 (the second largest: 19 in 21)
 HORIZONS_KEPT = 20
+# Several channels share one serial recogniser (the daemon's CPU default): a round trip is the
+# wait behind the other channels' updates plus this update's own run (RecogniseResult's
+# duration_ns). The span is chosen on the wait plus each kind's own cost, not on each kind's
+# round trips: those were measured while the other channels sent what they sent then, and 4
+# tiny.en channels on one core (wait ~0.4 s behind three cut updates) kept choosing the full
+# input where its 0.45 s left the due words no right context, and made the others wait too
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,14 +104,24 @@ class UpdatePlanner:
             lambda: collections.deque(maxlen=HORIZONS_KEPT))
         self._recorded_full = False  # the kind of the update last recorded
         self._recorded: tuple[int, int] | None = None  # (plan number, sent_ns) last recorded
+        # own run time of each kind, and the wait before it (round trip less run time)
+        self._runs = {kind: collections.deque(maxlen=UPDATE_COSTS_KEPT) for kind in (False, True)}
+        self._waits: collections.deque = collections.deque(maxlen=UPDATE_COSTS_KEPT)
 
     def cost_ns(self, full: bool) -> int:
-        costs = sorted(self._costs[full])
-        if not costs:
+        if not self._costs[full]:
             # never measured: no cheaper than the other kind was (a loaded machine or a
             # batched recogniser makes both dearer than an idle core's first guess)
             return max([FIRST_COST_NS[full], *self._costs[not full]])
-        return costs[min(len(costs) - 1, int(UPDATE_COST_QUANTILE * len(costs)))]
+        return _quantile(self._costs[full])
+
+    def choice_cost_ns(self, full: bool) -> int:
+        """What an update of this kind is expected to take from sending to its result, for the
+        choice of span: the wait measured lately, whatever kind the update was, plus this
+        kind's own run; the round trips of the kind where run times were not measured."""
+        if not self._runs[full] or not self._runs[not full]:
+            return self.cost_ns(full)
+        return _quantile(self._waits) + _quantile(self._runs[full])
 
     def horizon_ns(self, kinds: tuple[bool, bool] | None = None) -> int:
         """How long after an update is sent the next result is in, as measured (0: not yet):
@@ -114,8 +130,13 @@ class UpdatePlanner:
             return max((max(h) for h in self._horizons.values() if h), default=0)
         return max(self._horizons[kinds], default=0)
 
-    def record(self, plan: UpdatePlan, cost_ns: int) -> None:
+    def record(self, plan: UpdatePlan, cost_ns: int, run_ns: int | None = None) -> None:
+        """``cost_ns``: the round trip, from sending to the result; ``run_ns``: the
+        recogniser's own part of it (the rest waited for other channels' updates)."""
         self._costs[plan.full_span].append(cost_ns)
+        if run_ns is not None and 0 < run_ns <= cost_ns:
+            self._runs[plan.full_span].append(run_ns)
+            self._waits.append(cost_ns - run_ns)
         self._last_measured[plan.full_span] = self._n_plans
         # this is the next result of the update before, if that one was recorded too
         if self._recorded is not None and self._recorded[0] == self._n_plans - 1:
@@ -162,7 +183,7 @@ class UpdatePlanner:
         budget = grid.latency_ns - grid.lookahead_ns - UPDATE_MARGIN_NS
 
         def context(full: bool) -> int:  # the right context due words get (wall ns)
-            cost = self.cost_ns(full)
+            cost = self.choice_cost_ns(full)
             return budget - max(cost, gap_ns) - cost
 
         # once on the full input, it stays there down to FULL_SPAN_HYSTERESIS_NS less context:
@@ -172,3 +193,11 @@ class UpdatePlanner:
         full_ctx = context(True)
         self._on_full = full_ctx >= need or full_ctx >= context(False) - FULL_SPAN_SLACK_NS
         return self._on_full
+
+
+def _quantile(values) -> int:
+    """UPDATE_COST_QUANTILE of ``values`` (0 when there are none)."""
+    if not values:
+        return 0
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(UPDATE_COST_QUANTILE * len(ordered)))]

@@ -231,7 +231,9 @@ class Pipeline(TickPublisher):
                 end, plan.commit_until_ns, full_span=plan.full_span)
             result = await self.recogniser.call(request, sent_ns)
             if plan is not None and result.decoded:  # a silent window costs next to nothing
-                self.planner.record(plan, self.clock.now_ns() - sent_ns)
+                # the round trip, and the recogniser's own part of it (the rest: the wait
+                # behind other channels sharing the worker)
+                self.planner.record(plan, self.clock.now_ns() - sent_ns, result.duration_ns)
             sent = end
             self._integrate(result)
             if final:
