@@ -119,3 +119,19 @@ def test_the_span_is_chosen_on_the_wait_plus_the_updates_own_run():
     assert steady_choice(0, COST_MS[True])
     assert not steady_choice(420, 420 + COST_MS[False])  # full measured while others waited
     assert not steady_choice(420, 420 + COST_MS[True])
+
+
+def test_bench_serial_runs_channels_of_real_speech_through_the_shared_recogniser(capsys):
+    """``subd bench serial``: real tiny.en on the LibriVox clips, 2 channels on the fake clock
+    with modelled update costs: every word shown, none before D, no deadline miss, and the
+    line says so (words, late words by cause, misses, fallbacks)."""
+    from subd.cli import main
+
+    assert main(["bench", "serial", "--streams", "2", "--duration-s", "6", "--ramp-s", "1"]) == 0
+    line = capsys.readouterr().out.strip().splitlines()[-1]
+    assert line.startswith("N=2 ")
+    words = int(line.split(" words=")[1].split()[0])
+    assert words >= 20  # two channels of 6 s of read speech
+    assert "deadline misses 0, fallbacks 0" in line
+    p50 = float(line.split("visible p50/p95/max ")[1].split("/")[0])
+    assert 2000 <= p50 <= 2100
