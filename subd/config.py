@@ -92,6 +92,9 @@ class RecognizerConfig:
     factory: str = ""
     process: bool = True  # run in its own process (never share the publisher's GIL)
     min_update_ms: int = field(default=200, metadata=rng(0, 10_000))
+    # the cadence on a GPU (the batched recogniser on CUDA): "auto" = derived from D
+    # (subd.pipeline.cadence: 520 ms at D = 2 s, 200 at 1 s, 1000 from 3 s) or N ms (0..10000)
+    gpu_update_ms: str | int = "auto"
     # encoder input: the window's audio + this padding (0: Whisper's full 30 s; see
     # subd.recognise.streaming.StreamingConfig.encoder_pad_ms)
     encoder_pad_ms: int = field(default=2000, metadata=rng(0, 30_000))
@@ -121,6 +124,13 @@ class RecognizerConfig:
         if not self.model:  # frozen: the default model is chosen once, here
             object.__setattr__(self, "model", default_model(self.language))
 
+    def on_gpu(self) -> bool:
+        """The daemon's recogniser is the batched one on CUDA (as subd.service.daemon decides:
+        a device other than the CPU where an NVIDIA driver is, not batched = "off", no custom
+        recogniser factory)."""
+        return (not self.factory and self.batched != "off" and self.device != "cpu"
+                and nvidia_present())
+
     def validate(self) -> None:
         check_language(self.language)
         if self.model.endswith(".en") and self.language not in ("en", "auto"):
@@ -142,6 +152,11 @@ class RecognizerConfig:
                                              not 1 <= self.gpu_processes <= 64):
             raise ConfigError(f"[recognizer] gpu_processes = {self.gpu_processes!r}: \"auto\" "
                               "or a whole number of processes, 1..64")
+        if self.gpu_update_ms != "auto" and (isinstance(self.gpu_update_ms, bool) or not
+                                             isinstance(self.gpu_update_ms, int) or
+                                             not 0 <= self.gpu_update_ms <= 10_000):
+            raise ConfigError(f"[recognizer] gpu_update_ms = {self.gpu_update_ms!r}: \"auto\" "
+                              "or a whole number of milliseconds, 0..10000")
         if self.precision == "int8" and self.device.startswith("cuda"):
             raise ConfigError("[recognizer] precision: int8 runs on the CPU only "
                               "(use fp16 or bf16 on CUDA)")

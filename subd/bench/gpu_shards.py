@@ -190,6 +190,7 @@ def run(args) -> int:
     from subd.gpu.device import on_device, place
     from subd.gpu.serve import load_weights
     from subd.models.engine import WhisperEngine
+    from subd.pipeline.cadence import update_cadence_ms
     from subd.service.build import recognizer_spec
 
     # the recogniser's settings only: no sink is built (none may be registered where the
@@ -205,7 +206,10 @@ def run(args) -> int:
     rec.validate()
     if placement.cuda:
         torch.backends.cuda.enable_cudnn_sdp(False)  # a plan per new shape: see bench gpu
-    setup = Setup(cfg.tick.latency_ms, cfg.tick.lookahead_ms, rec.min_update_ms,
+    # the cadence a channel of the daemon runs at on this device (subd.pipeline.cadence)
+    cadence_ms = update_cadence_ms(rec, cfg.tick.latency_ms, cfg.tick.lookahead_ms,
+                                   placement.cuda)
+    setup = Setup(cfg.tick.latency_ms, cfg.tick.lookahead_ms, cadence_ms,
                   args.duration_s, args.ramp_s, cfg.tick.fps, rec.encoder_span)
     library, _ = load_library(args.clips)
     log = TrialLog(args.log)
@@ -215,7 +219,9 @@ def run(args) -> int:
     log(f"daemon policy: model {args.model} on {placement.device} ({placement.precision}"
         f"{', ' + torch.cuda.get_device_name() if placement.cuda else ''}); D "
         f"{setup.latency_ms} ms, A {setup.lookahead_ms} ms, update every "
-        f"{setup.min_update_ms} ms of new audio, encoder span {setup.encoder_span} "
+        f"{setup.min_update_ms} ms of new audio ([recognizer] "
+        f"{'gpu_update_ms = ' + repr(rec.gpu_update_ms) if placement.cuda else 'min_update_ms'}"
+        f"), encoder span {setup.encoder_span} "
         f"(pad {rec.encoder_pad_ms} ms); {setup.duration_s} s per trial after a "
         f"{setup.ramp_s} s ramp")
     capacity = ""

@@ -69,6 +69,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--span", choices=("config", "auto", "cut", "full"), default="config",
                    help="[recognizer] encoder_span for the streamed runs (config: as the "
                         "configuration says)")
+    p.add_argument("--min-update-ms", metavar="MS|gpu",
+                   help="update cadence of the streamed runs: MS, or gpu: gpu_update_ms = "
+                        "\"auto\" at each D (default: [recognizer] min_update_ms)")
     p.add_argument("--pace", choices=("real", "cpu"), default="real",
                    help="real: the daemon at real time; cpu: fake clock, CPU-time updates")
     p.add_argument("--update-ms", metavar="FULL,CUT",
@@ -103,7 +106,7 @@ async def _stream(sset: SpeechSet, latency_ms: int, args) -> tuple[list, int]:
     from subd.service.daemon import Daemon
     from subd.sources.live import FileSource
 
-    cfg = _config(args)
+    cfg = _config(args, latency_ms)
     cfg = cfg.replace(tick=dataclasses.replace(cfg.tick, latency_ms=latency_ms),
                       recognizer=dataclasses.replace(cfg.recognizer, model=args.model),
                       pipeline=dataclasses.replace(cfg.pipeline, tagger=args.tagger))
@@ -151,7 +154,7 @@ async def _stream_cpu(sset: SpeechSet, latency_ms: int, args) -> tuple[list, int
     from subd.workers.hosts import FactorySpec, RecogniserHost, TagHost, resolve_tagger
     from subd.workers.process import InlineWorker
 
-    cfg = _config(args)
+    cfg = _config(args, latency_ms)
     t0_ns = 10**12
     clock = FakeClock(start_ns=t0_ns)
     history = AudioHistory(cfg.recognizer.history_s * SAMPLE_RATE_HZ)
@@ -181,23 +184,42 @@ async def _stream_cpu(sset: SpeechSet, latency_ms: int, args) -> tuple[list, int
     await clock.run_until_done(task, limit_ns=t0_ns + int((len(sset.audio) / 16000 + 120) * 1e9))
     task.result()
     costs = np.array(rec.costs_ns) / 1e6
-    print(f"    recogniser updates {costs.size} ({pipeline.planner.n_full} on the full input): "
+    print(f"    recogniser updates {costs.size} every {settings.min_update_ms} ms of new audio "
+          f"({pipeline.planner.n_full} on the full input): "
           f"{'CPU' if rec.update_ns is None else 'modelled'} "
           f"p50 {np.percentile(costs, 50):.0f} ms, p95 {np.percentile(costs, 95):.0f} ms",
           flush=True)
     return seen.words, t0_ns
 
 
-def _config(args):
+def _config(args, latency_ms: int):
     import dataclasses
 
     from subd.config import load_config
 
     cfg = load_config(args.config)
+    if getattr(args, "min_update_ms", None) is not None:
+        cfg = cfg.replace(recognizer=dataclasses.replace(
+            cfg.recognizer, min_update_ms=cadence_ms(args, latency_ms, cfg.tick.lookahead_ms)))
     if args.span != "config":
         cfg = cfg.replace(recognizer=dataclasses.replace(cfg.recognizer,
                                                          encoder_span=args.span))
     return cfg
+
+
+def cadence_ms(args, latency_ms: int, lookahead_ms: int) -> int:
+    """``--min-update-ms MS|gpu`` at this D, in ms (gpu: the GPU's automatic cadence)."""
+    from subd.pipeline.cadence import auto_gpu_update_ms
+
+    if args.min_update_ms == "gpu":
+        return auto_gpu_update_ms(latency_ms, lookahead_ms)
+    try:
+        ms = int(args.min_update_ms)
+    except ValueError:
+        raise UserError(f"--min-update-ms {args.min_update_ms!r}: MS or gpu") from None
+    if not 20 <= ms <= 10_000:
+        raise UserError(f"--min-update-ms {args.min_update_ms!r}: must be in 20..10000")
+    return ms
 
 
 def update_ms(args) -> tuple[int, int] | None:
@@ -309,6 +331,8 @@ def run(args: argparse.Namespace) -> int:
         raise UserError("--set and --update-ms work with --pace cpu (the daemon takes "
                         "config.toml and runs at its own speed)")
     update_ms(args)  # a bad value fails before any run
+    if args.min_update_ms is not None:
+        cadence_ms(args, 2000, 150)  # a bad value fails before any run
     recognizer_overrides(args.overrides)  # a bad option fails before any run
     sets = [build_set(n, SETS[n][:args.max_clips or None]) for n in names]
     if args.synthetic:

@@ -161,6 +161,7 @@ class DaemonChannel(ChannelReload):
         from fractions import Fraction
 
         from subd.history import AudioHistory
+        from subd.pipeline.cadence import update_cadence_ms
         from subd.pipeline.scheduler import TickSettings
         from subd.service.metrics import OpsObserver
         from subd.sources.live import QueueSource, make_push_handler
@@ -200,7 +201,10 @@ class DaemonChannel(ChannelReload):
             settings = TickSettings(
                 fps=tick.fps, latency_ms=tick.latency_ms, lookahead_ms=tick.lookahead_ms,
                 rate=speed if isinstance(speed, Fraction) else Fraction(1),
-                min_update_ms=cfg.recognizer.min_update_ms,
+                # on a GPU [recognizer] gpu_update_ms ("auto": from D), else min_update_ms
+                min_update_ms=update_cadence_ms(cfg.recognizer, tick.latency_ms,
+                                                tick.lookahead_ms, d.recogniser_spec is None
+                                                and cfg.recognizer.on_gpu()),
                 encoder_span=cfg.recognizer.encoder_span,
                 miss_tolerance_ms=tick.miss_tolerance_ms,
                 drain_timeout_s=cfg.pipeline.drain_timeout_s,
