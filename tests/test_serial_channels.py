@@ -135,3 +135,25 @@ def test_bench_serial_runs_channels_of_real_speech_through_the_shared_recogniser
     assert "deadline misses 0, fallbacks 0" in line
     p50 = float(line.split("visible p50/p95/max ")[1].split("/")[0])
     assert 2000 <= p50 <= 2100
+
+
+def test_behind_other_channels_the_full_input_is_not_probed_where_it_cannot_pay():
+    """A recogniser shared with other channels is probed on the cut span first. Behind three
+    other channels' cut updates (a 0.42 s wait) the full input is never probed: each probe
+    would have held the others back by its 0.45 s. Once the others are gone (no wait) it is
+    probed, and chosen (alone, it leaves ~0.9 s of right context)."""
+    grid = TickGrid.create("30", T0_NS, D_MS, 150)
+    planner = UpdatePlanner("auto", shared=True)
+    now = T0_NS + 1000 * MS
+    kinds = []
+    for i in range(40):
+        plan = planner.plan(grid, now)
+        kinds.append(plan.full_span)
+        wait_ms = 420 if i < 20 else 0
+        rtt_ms = wait_ms + COST_MS[plan.full_span]
+        planner.record(plan, rtt_ms * MS, COST_MS[plan.full_span] * MS)
+        now += rtt_ms * MS
+    assert not any(kinds[:20])
+    assert kinds[-1] and kinds.index(True) < 30
+    # alone on its worker (not shared), the full input is measured first, as before
+    assert UpdatePlanner("auto").plan(grid, T0_NS + 1000 * MS).full_span

@@ -65,6 +65,10 @@ class _Channel:
     def busy_since_ns(self):
         return self.worker.busy_since_ns
 
+    @property
+    def shared(self):  # the planner's cue: a recogniser shared with other channels
+        return self.worker.shared
+
     async def call(self, request, now_ns: int = 0):
         from subd.bench.gpu_report import late_cause
 

@@ -86,10 +86,12 @@ class UpdatePlan:
 
 
 class UpdatePlanner:
-    def __init__(self, span: str = "auto", min_update_ms: int = 200) -> None:
+    def __init__(self, span: str = "auto", min_update_ms: int = 200,
+                 shared: bool = False) -> None:
         if span not in SPANS:
             raise ValueError(f"encoder span {span!r}: one of {', '.join(SPANS)}")
         self.span = span
+        self.shared = shared  # the recogniser serves other channels too (see _probe_due)
         self.min_update_ms = min_update_ms
         self._costs = {kind: collections.deque(maxlen=UPDATE_COSTS_KEPT)
                        for kind in (False, True)}
@@ -119,9 +121,12 @@ class UpdatePlanner:
         """What an update of this kind is expected to take from sending to its result, for the
         choice of span: the wait measured lately, whatever kind the update was, plus this
         kind's own run; the round trips of the kind where run times were not measured."""
-        if not self._runs[full] or not self._runs[not full]:
+        if not self._waits:  # no run time measured yet
             return self.cost_ns(full)
-        return _quantile(self._waits) + _quantile(self._runs[full])
+        runs = self._runs[full]
+        # never run: no cheaper than the other kind ran, nor than an idle core's first guess
+        own = _quantile(runs) if runs else max(FIRST_COST_NS[full], _quantile(self._runs[not full]))
+        return _quantile(self._waits) + own
 
     def horizon_ns(self, kinds: tuple[bool, bool] | None = None) -> int:
         """How long after an update is sent the next result is in, as measured (0: not yet):
@@ -153,45 +158,66 @@ class UpdatePlanner:
         # the next result is in one update cost after this one's, or after the audio for the
         # next update has arrived, and that update may be of the other kind (a probe); and no
         # sooner than the horizons measured say
-        next_kind = self._next_kind(full)
+        next_kind = self._next_kind(full, grid, gap)
         next_in = now_ns + UPDATE_MARGIN_NS + max(
             max(self.cost_ns(full), gap) + self.cost_ns(next_kind),
             self.horizon_ns((full, next_kind)))
         k = grid.first_due_at_or_after(next_in + grid.lookahead_ns)  # first fetch after it
         return UpdatePlan(grid.audio_end_ns(k - 1) if k > 0 else 0, full, now_ns)
 
-    def _next_kind(self, full: bool) -> bool:
+    def _next_kind(self, full: bool, grid: TickGrid, gap_ns: int) -> bool:
         """The kind the next update will be, as things stand: a probe due then, else this."""
         if self.span != "auto":
             return full
-        for kind in (True, False):
-            last = self._last_measured[kind]
-            if (last is None and kind != full) or (
-                    last is not None and self._n_plans + 1 - last >= PROBE_EVERY):
-                return kind
-        return full
+        probe = self._probe_due(self._n_plans + 1, grid, gap_ns, full)
+        return full if probe is None else probe
 
-    def _choose_full(self, grid: TickGrid, gap_ns: int) -> bool:
-        if self.span != "auto":
-            return self.span == "full"
-        # measure each kind first, and each again now and then; a probe that decoded nothing
-        # (silence: the stream's first updates) measured nothing and is made again
-        for kind in (True, False):
+    def _probe_due(self, n_plans: int, grid: TickGrid, gap_ns: int,
+                   measuring: bool | None = None) -> bool | None:
+        """The kind that update number ``n_plans`` measures, or None. Each kind is measured
+        first (``measuring``: the kind the update before is measuring), and each again every
+        PROBE_EVERY updates; a probe that decoded nothing (silence: the stream's first
+        updates) measured nothing and is made again.
+
+        A recogniser shared with other channels is probed on the cut span first, and while
+        this channel waits behind other updates (the wait at least an idle core's cut update)
+        the full input is not probed where it cannot pay: 4 tiny.en channels starting on one
+        core each probed the full input first, each probe holding the three others' updates
+        back by its 0.45 s (subd bench serial --update-ms 600,190: 35 of 41 late words were in
+        a channel's first 9 s)."""
+        for kind in ((False, True) if self.shared else (True, False)):
             last = self._last_measured[kind]
-            if last is None or self._n_plans - last >= PROBE_EVERY:
+            if last is None and kind == measuring:
+                continue
+            if last is None or n_plans - last >= PROBE_EVERY:
+                if kind and self._waits and _quantile(self._waits) >= FIRST_COST_NS[False] \
+                        and not self._full_pays(grid, gap_ns, False):
+                    continue
                 return kind
+        return None
+
+    def _full_pays(self, grid: TickGrid, gap_ns: int, on_full: bool) -> bool:
+        """Whether the full input leaves the due words FULL_SPAN_CONTEXT_NS of right context, or
+        nearly as much as the cut span; ``on_full``: down to FULL_SPAN_HYSTERESIS_NS less (an
+        update's cost moves with the load, and a choice that flips every few updates decides
+        words from hypotheses of both kinds)."""
         budget = grid.latency_ns - grid.lookahead_ns - UPDATE_MARGIN_NS
 
         def context(full: bool) -> int:  # the right context due words get (wall ns)
             cost = self.choice_cost_ns(full)
             return budget - max(cost, gap_ns) - cost
 
-        # once on the full input, it stays there down to FULL_SPAN_HYSTERESIS_NS less context:
-        # an update's cost moves with the load, and a choice that flips every few updates
-        # decides words from hypotheses of both kinds
-        need = FULL_SPAN_CONTEXT_NS - (FULL_SPAN_HYSTERESIS_NS if self._on_full else 0)
+        need = FULL_SPAN_CONTEXT_NS - (FULL_SPAN_HYSTERESIS_NS if on_full else 0)
         full_ctx = context(True)
-        self._on_full = full_ctx >= need or full_ctx >= context(False) - FULL_SPAN_SLACK_NS
+        return full_ctx >= need or full_ctx >= context(False) - FULL_SPAN_SLACK_NS
+
+    def _choose_full(self, grid: TickGrid, gap_ns: int) -> bool:
+        if self.span != "auto":
+            return self.span == "full"
+        probe = self._probe_due(self._n_plans, grid, gap_ns)
+        if probe is not None:
+            return probe
+        self._on_full = self._full_pays(grid, gap_ns, self._on_full)
         return self._on_full
 
 

@@ -94,7 +94,10 @@ class Pipeline(TickPublisher):
         self._tag_event = asyncio.Event()
         self._tag_pending: tuple[int, bool] | None = None
         # each update's deadline and encoder span (subd.pipeline.deadline)
-        self.planner = UpdatePlanner(settings.encoder_span, settings.min_update_ms)
+        # a channel's worker onto a recogniser shared with other channels (the daemon's
+        # subd.service.stages.ChannelWorker) has ``shared``
+        self.planner = UpdatePlanner(settings.encoder_span, settings.min_update_ms,
+                                     shared=getattr(recogniser, "shared", None) is not None)
         self._prev: CaptionState | None = None
         self.last_published_k = -1
 
