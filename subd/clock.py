@@ -1,9 +1,14 @@
 """Clocks: the monotonic production clock and a fake clock that tests advance by hand.
 
 ``sleep_until`` takes an absolute deadline. The monotonic clock sleeps in the event loop until
-``deadline − 2 ms`` and spins the rest, because an asyncio sleep alone wakes 1–5 ms late on a
-busy machine (DESIGN.md, "Meeting the tick on a busy machine"). Waits that need no precision
-(pacing a file, look-ahead fetches) pass ``precise=False`` and never spin.
+``deadline − 1 ms`` and spins the rest, because an asyncio sleep alone wakes 1–5 ms late on a
+busy machine (DESIGN.md, "Meeting the tick on a busy machine"). Its sleeps end on a timerfd
+(subd.timerfd), at their time, not up to 1 ms after it as epoll's timeout would: that is what
+lets 1 ms of spin do (`subd bench realtime` on the 2-core development VM, two other processes
+busy: a 1 ms or 2 ms spin both gave publish-time error p99 0.08-0.12 ms at the client; without
+the timerfd, the 2 ms spin gave 0.9-4.7 ms).
+Waits that need no precision (pacing a file, look-ahead fetches) pass ``precise=False`` and
+never spin.
 """
 
 from __future__ import annotations
@@ -17,11 +22,12 @@ import time
 from fractions import Fraction
 from typing import Protocol, runtime_checkable
 
+from subd import timerfd
 from subd.errors import ConfigError
 
 log = logging.getLogger("subd.clock")
 
-SPIN_NS = 2_000_000
+SPIN_NS = 1_000_000
 
 
 @runtime_checkable
@@ -44,9 +50,8 @@ class MonotonicClock:
 
     async def sleep_until(self, deadline_ns: int, *, precise: bool = True) -> int:
         margin_ns = self.spin_ns if precise else 0
-        coarse_ns = deadline_ns - margin_ns - time.monotonic_ns()
-        if coarse_ns > 0:
-            await asyncio.sleep(coarse_ns / 1e9)
+        # a timerfd wakes the loop at the very moment (an asyncio sleep up to 1 ms after it)
+        await timerfd.wait_until(deadline_ns - margin_ns)
         now = time.monotonic_ns()
         if not precise:
             while now < deadline_ns:  # asyncio may wake a hair early; never return early

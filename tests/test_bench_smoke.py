@@ -58,6 +58,10 @@ def test_realtime_prints_both_pipelines_and_writes_the_plot(tmp_path, speech_cli
     for key in ("publish_error_p99_ms", "deadline_misses", "fallbacks", "committed_latency_p95_ms",
                 "tentative_latency_p50_ms", "time_to_first_caption_s", "wer"):
         assert re.search(rf"^\s+{key}\s+[\d.]+$", subd_part, re.M), key
+    # the arrival times are the kernel's receive stamps, one for every event
+    n_events = re.search(r"^\s+events_at_client\s+(\d+)$", subd_part, re.M)
+    stamped = re.search(r"^\s+events_with_kernel_receive_time\s+(\d+)$", subd_part, re.M)
+    assert n_events and stamped and int(stamped.group(1)) == int(n_events.group(1)) > 0
     for key in ("committed_latency_p95_ms", "time_to_first_caption_s", "wer"):
         assert re.search(rf"^\s+{key}\s+[\d.]+$", naive_part, re.M), key
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

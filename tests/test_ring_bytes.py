@@ -88,7 +88,7 @@ class OwnEncoding:
 
 class LapAt:
     """A burst's effect on the ring: tick k's slot is taken by tick k + N while tick k is not
-    yet published: before it is prepared (at T(k − 1)), or after (at T(k) − 2 ms)."""
+    yet published: before it is prepared (at T(k − 1)), or after (at T(k) − 4 ms)."""
 
     name = "lap"
 
@@ -243,7 +243,7 @@ def test_a_tick_whose_slot_was_lapped_reaches_the_client_and_is_counted(monkeypa
     ring = pipeline.ring
     # both slots were taken while busy: counted stale
     assert counters.stale_slots == 2 and ring.last_stale_k == after_k
-    # tick 45 had no slot at T(k) − 2 ms: published on time as a fallback, its event encoded
+    # tick 45 had no slot at T(k) − 4 ms: published on time as a fallback, its event encoded
     # in the ring's spare buffer (counted)
     assert tap.slotless == [gone_k] and ring.spare_count == 1 and ring.spare.n_encoded == 1
     assert counters.fallbacks == 1 and counters.deadline_misses == 0

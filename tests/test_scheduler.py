@@ -127,7 +127,7 @@ def test_every_tick_is_published_exactly_at_its_due_time(tmp_path):
         assert tick["sent_ns"] == tick["due_ns"]
     assert run.counters.deadline_misses == 0
     assert run.counters.fallbacks == 0
-    # each state was handed to the sink to prepare 2 ms before it was published
+    # each state was handed to the sink to prepare PREPARE_NS (4 ms) before it was published
     assert [state for _, state in run.sink.prepared] == run.sink.states
     for (t_ns, state) in run.sink.prepared:
         assert t_ns == state.due_ns - PREPARE_NS

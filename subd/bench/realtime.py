@@ -1,7 +1,8 @@
 """``subd bench realtime``: publication accuracy and caption latency, subd vs a naive pipeline.
 
 subd: the file is paced at real time with ±jitter, the daemon publishes over SSE on loopback and
-a client in another process (SCHED_FIFO where allowed) stamps each event on arrival. Naive: the
+a client in another process (SCHED_FIFO where allowed) takes each event's arrival time from the
+kernel's receive stamp (SO_TIMESTAMPNS). Naive: the
 same paced audio, each recogniser update sent the moment it is done (what peers do). Prints
 publish-time error at the client, deadline misses, fallbacks, committed-word latency (word end
 → committed), tentative latency, time to first caption and WER for both; plots both latency
@@ -16,6 +17,7 @@ import json
 import multiprocessing as mp
 import re
 import socket
+import struct
 import time
 from dataclasses import dataclass, field
 from fractions import Fraction
@@ -75,12 +77,33 @@ def joined_clips(gap_s: float = 0.75) -> tuple[np.ndarray, str]:
 
 # ---- SSE client (its own process, real-time priority where allowed) ---------------------------
 
+SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35)  # Linux's value; Python 3.11 lacks it
+
+
+def _wall_minus_monotonic_ns() -> int:
+    """CLOCK_REALTIME − CLOCK_MONOTONIC (receive stamps are wall time; the ticks monotonic),
+    from the closest of a few paired readings."""
+    best = None
+    for _ in range(20):
+        a = time.monotonic_ns()
+        wall = time.time_ns()
+        b = time.monotonic_ns()
+        if best is None or b - a < best[0]:
+            best = (b - a, wall - (a + b) // 2)
+    return best[1]
+
+
 
 def _sse_client(port: int, conn) -> None:
     from subd.clock import request_realtime_priority
 
     rt = request_realtime_priority(who="bench SSE client")
     sock = socket.create_connection(("127.0.0.1", port))
+    # the kernel's receive time of each segment: what the daemon sent when, without the
+    # client's own wake-up (0.2-0.3 ms on the development VM, milliseconds when its vCPU is
+    # taken), which no daemon could make up for
+    sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
+    wall_minus_mono = _wall_minus_monotonic_ns()
     sock.sendall(b"GET /events HTTP/1.1\r\nHost: localhost\r\nAccept: text/event-stream\r\n\r\n")
     buf = b""
     records = []
@@ -88,11 +111,15 @@ def _sse_client(port: int, conn) -> None:
     idle = 0
     while idle < 20:
         try:
-            data = sock.recv(65536)
+            data, ancillary, _, _ = sock.recvmsg(65536, 64)
         except TimeoutError:
             idle += 1
             continue
-        now = time.monotonic_ns()
+        now, stamped = time.monotonic_ns(), False
+        for level, kind, stamp in ancillary:
+            if level == socket.SOL_SOCKET and kind == SO_TIMESTAMPNS and len(stamp) >= 16:
+                sec, nsec = struct.unpack("qq", stamp[:16])
+                now, stamped = sec * 1_000_000_000 + nsec - wall_minus_mono, True
         if not data:
             break
         idle = 0
@@ -103,7 +130,7 @@ def _sse_client(port: int, conn) -> None:
             except ValueError:
                 continue
             if "due_ns" in ev:
-                records.append((ev["k"], ev["due_ns"], now))
+                records.append((ev["k"], ev["due_ns"], now, stamped))
         buf = buf[buf.rfind(b"\n\n") + 2:] if b"\n\n" in buf else buf
     conn.send((rt, records))
 
@@ -178,9 +205,11 @@ async def _run_subd(args, audio: np.ndarray) -> tuple[dict, Observed]:
     counters = await run_task
     rt, records = await loop.run_in_executor(None, parent.recv)
     client.join(5)
-    errors = np.array([(now - due) / 1e6 for _, due, now in records])
+    errors = np.array([(now - due) / 1e6 for _, due, now, _ in records])
+    n_stamped = sum(stamped for *_, stamped in records)
     words = [text for _, _, text in obs.commits]
-    return {"counters": counters, "client_rt": rt, "errors_ms": errors, "words": words}, obs
+    return {"counters": counters, "client_rt": rt, "errors_ms": errors, "words": words,
+            "kernel_stamped": n_stamped}, obs
 
 
 async def _run_naive(args, audio: np.ndarray) -> tuple[dict, Observed]:
@@ -249,7 +278,8 @@ def _report(name: str, res: dict, obs: Observed, ref: list[str]) -> dict:
                     "publish_error_max_ms": float(np.abs(err).max()) if err.size else 0.0,
                     "events_at_client": int(err.size), "deadline_misses": c.deadline_misses,
                     "fallbacks": c.fallbacks, "stale_slots": c.stale_slots,
-                    "degraded_ticks": c.degraded_ticks, "client_sched_fifo": res["client_rt"]})
+                    "degraded_ticks": c.degraded_ticks, "client_sched_fifo": res["client_rt"],
+                    "events_with_kernel_receive_time": res["kernel_stamped"]})
     print(f"{name}:")
     for k, v in out.items():
         print(f"  {k:34s} {v:.3f}" if isinstance(v, float) else f"  {k:34s} {v}")

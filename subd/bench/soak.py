@@ -212,8 +212,8 @@ def run(args: argparse.Namespace) -> int:
     print(f"soak: {clip.name} looped to {args.minutes:.0f} min, {args.step_ms} ms per update")
     marks = asyncio.run(soak(args, audio))
     first, last = marks[0], marks[-1]
-    for key in ("rss_main_mb", "rss_recogniser_mb", "gpu_recogniser_mb", "rss_tagger_mb",
-                "committed_p95_ms",
+    gpu = ("gpu_recogniser_mb",) if args.device != "cpu" else ()
+    for key in ("rss_main_mb", "rss_recogniser_mb", *gpu, "rss_tagger_mb", "committed_p95_ms",
                 "audio_timeline_p95_ms", "update_compute_p95_ms"):
         growth = (last[key] - first[key]) / first[key] * 100 if first[key] else float("nan")
         print(f"{key:22s} minute {first['audio_min']:.1f}: {first[key]:8.1f}   "

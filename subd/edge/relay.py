@@ -4,7 +4,7 @@
 client policy) fed with payloads that the daemon already laid out and numbered: it only puts
 this host's ``due_ns`` in and encodes. :class:`ChannelFollower` reads the stream with
 ``XREAD BLOCK`` and hands each tick to the sink like the daemon's publisher does: ``prepare`` at
-due − 2 ms (the fan-out workers get it with its release time), a spin to the due time on this
+due − 4 ms (the fan-out workers get it with its release time), a spin to the due time on this
 host's monotonic clock, ``publish``. Entries arrive ``[bus] lead_ms`` ahead, so the bus's own
 latency is hidden; one that arrives after its due time (Redis was away) goes out at once, late,
 so that its committed words still reach the viewers.
@@ -23,7 +23,8 @@ from typing import Any
 from redis.exceptions import RedisError
 
 from subd.bus.stream import ChannelKeys, decode_entry
-from subd.clock import SPIN_NS, MonotonicClock
+from subd.clock import MonotonicClock
+from subd.pipeline.contracts import PREPARE_NS
 from subd.pipeline.gcpace import PACER
 from subd.sinks.sse.sink import SSESink
 from subd.sinks.sse.wire import NS_PER_MS, SSEConfig, monotonic_of
@@ -34,6 +35,7 @@ READ_BLOCK_MS = 1000
 READ_COUNT = 256
 DOWN_RETRY_S = 0.2
 RELEASE_ERRORS_KEPT = 300
+LATE_NS = 2_000_000  # a release this far past its due time is counted late
 
 
 class RelaySink(SSESink):
@@ -76,7 +78,7 @@ class ChannelFollower:
         self.sink = sink
         self.primed = asyncio.Event()  # the stream's recent history is in the sink
         self.up = True
-        self.n_late = 0  # ticks released more than SPIN_NS after their due time
+        self.n_late = 0  # ticks released more than LATE_NS after their due time
         self.n_released = 0
         self.last_unix_ns = 0  # due_unix_ns of the latest tick released
         # release time - due time of the latest ticks that came in time (/healthz)
@@ -122,7 +124,8 @@ class ChannelFollower:
             self._queue.put_nowait(self.sink.state_of(payload))
 
     async def release(self) -> None:
-        """Each tick to the sink at its due time: prepare at due − 2 ms, spin, publish."""
+        """Each tick to the sink at its due time: prepared PREPARE_NS (4 ms) before it, then a
+        sleep and a spin to its due time, published."""
         PACER.acquire()  # collections right after publishing, never just before
         try:
             while True:
@@ -130,12 +133,12 @@ class ChannelFollower:
                 if state is None:  # the stream's history is in the sink: viewers may come
                     self.primed.set()
                     continue
-                await self._clock.sleep_until(state.due_ns - SPIN_NS, precise=False)
+                await self._clock.sleep_until(state.due_ns - PREPARE_NS, precise=False)
                 self.sink.prepare(state)
                 sent_ns = await self._clock.sleep_until(state.due_ns)
                 self.sink.publish(state)
                 self.n_released += 1
-                if sent_ns - state.due_ns > SPIN_NS:
+                if sent_ns - state.due_ns > LATE_NS:
                     self.n_late += 1
                 if self.primed.is_set():
                     self.release_errors_ns.append(sent_ns - state.due_ns)

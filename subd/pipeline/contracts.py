@@ -17,7 +17,7 @@ from subd.clock import Clock
 from subd.types import CaptionState
 from subd.workers.hosts import RecogniseResult
 
-PREPARE_NS = 2_000_000  # the state is built at T(k) − 2 ms, then the publisher spins to T(k)
+PREPARE_NS = 4_000_000  # the state is built at T(k) − 4 ms, then the publisher spins to T(k)
 
 
 class Worker(Protocol):

@@ -170,7 +170,7 @@ class SSESink(FanoutBalance):
     # -- publishing (event loop, never blocks) -----------------------------------------
 
     def prepare(self, state: CaptionState) -> None:
-        """At the look-ahead (T(k) - 2 ms): encode tick k, and send it to the fan-out
+        """At the look-ahead (T(k) - 4 ms): encode tick k, and send it to the fan-out
         workers, which write it at T(k) themselves. ``publish`` then only writes."""
         self._take(state, None)
 

@@ -15,7 +15,7 @@ policy is the same under a test's fake clock.
 
 Waking a sleeping process takes 0.2-0.4 ms on the development VM, more than half the fan-out
 budget. So the parent sends tick k ahead, at its
-look-ahead (``SSESink.prepare``, T(k) - 2 ms), with its release time T(k) on the monotonic
+look-ahead (``SSESink.prepare``, T(k) - 4 ms), with its release time T(k) on the monotonic
 clock: the worker sleeps until ``SPIN_EARLY_NS`` before it, polls from there, and writes at
 T(k) itself, at the same moment as the parent writes its own share. A tick sent without a
 release time (a plain ``publish``) is written as soon as it arrives.

@@ -1,0 +1,73 @@
+"""The event loop's exact wake-ups (subd.timerfd) and the clock that uses them."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+import time
+
+import pytest
+
+from subd import timerfd
+from subd.clock import MonotonicClock
+
+linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="timerfd is Linux's")
+
+
+def open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+@linux_only
+def test_a_wait_never_ends_before_its_deadline_and_its_descriptor_is_reused():
+    assert timerfd.available()
+
+    async def main() -> list[int]:
+        early = []
+        for i in range(50):
+            deadline = time.monotonic_ns() + 200_000 + 37_000 * i
+            await timerfd.wait_until(deadline)
+            early.append(deadline - time.monotonic_ns())
+        return early
+
+    asyncio.run(main())  # the pool's first descriptor is made here
+    before = open_fds()
+    early = asyncio.run(main())
+    assert max(early) <= 0  # never returns before the deadline
+    assert open_fds() == before  # one descriptor, re-armed, not one per wait
+
+
+@linux_only
+def test_a_cancelled_wait_closes_its_descriptor_and_a_passed_deadline_arms_nothing():
+    async def main() -> None:
+        before = open_fds()
+        made = 0 if timerfd._FREE else 1  # noqa: SLF001 - a new descriptor, or the pool's
+        waiter = asyncio.ensure_future(timerfd.wait_until(time.monotonic_ns() + 10**10))
+        await asyncio.sleep(0.01)
+        assert open_fds() == before + made
+        waiter.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiter
+        free = len(timerfd._FREE)  # noqa: SLF001
+        await timerfd.wait_until(time.monotonic_ns() - 1)  # passed: returns at once
+        assert len(timerfd._FREE) == free  # noqa: SLF001
+        assert open_fds() == before + made - 1  # the cancelled one is closed, not pooled
+
+    asyncio.run(main())
+
+
+def test_the_clock_sleeps_on_it_and_without_it_and_never_returns_early(monkeypatch):
+    clock = MonotonicClock()
+
+    async def main() -> list[int]:
+        out = []
+        for precise in (True, False, True, False):
+            deadline = time.monotonic_ns() + 3_000_000
+            out.append(await clock.sleep_until(deadline, precise=precise) - deadline)
+        return out
+
+    assert min(asyncio.run(main())) >= 0
+    monkeypatch.setattr(timerfd, "_LIBC", None)  # no timerfd: an asyncio sleep
+    assert not timerfd.available()
+    assert min(asyncio.run(main())) >= 0
