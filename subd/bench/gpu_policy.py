@@ -147,7 +147,8 @@ def simulate(label: str, host, spec: tuple, library: np.ndarray, n: int, setup: 
     t0 = time.monotonic_ns() + 50 * NS_PER_MS
     start = t0 + (np.arange(n) * setup.ramp_s * NS_PER_S / max(n, 1)).astype(np.int64)
     # the daemon's planner per channel, on the channel's tick grid (t0: its first sample)
-    planners = [UpdatePlanner(setup.encoder_span, setup.min_update_ms, shared=n > 1)
+    # shared: as the daemon's pipeline plans on its recogniser's ChannelWorker
+    planners = [UpdatePlanner(setup.encoder_span, setup.min_update_ms, shared=True)
                 for _ in range(n)]
     grids = [TickGrid.create(setup.fps, int(start[i]), setup.latency_ms, setup.lookahead_ms)
              for i in range(n)]

@@ -87,7 +87,8 @@ async def simulate_shards(label: str, rec, spec: tuple, library: np.ndarray, n: 
             sent[i] = end
 
         async def channel(i: int) -> None:
-            planner = UpdatePlanner(setup.encoder_span, setup.min_update_ms)
+            # shared: as the daemon's pipeline plans on its recogniser's ChannelWorker
+            planner = UpdatePlanner(setup.encoder_span, setup.min_update_ms, shared=True)
             grid = TickGrid.create(setup.fps, int(start[i]), setup.latency_ms,
                                    setup.lookahead_ms)
             while (now := time.monotonic_ns()) < end_ns:
