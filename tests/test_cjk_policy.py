@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from subd.recognise.cjk_policy import policy_for
+from subd.recognise.cjk_policy import DEADLINE_GUARD_MS, policy_for
 from subd.recognise.commit import decide
 from subd.recognise.language import LanguageTracker
 from subd.recognise.streaming import StreamingConfig
@@ -48,6 +48,24 @@ def test_chinese_and_japanese_commit_by_utterance_without_a_forced_prefix(langua
     assert not deadline_policy.force_committed_prefix
     due = decide(deadline_policy, words, [], [], end_ns, 2500, 1000 * MS)  # first decode
     assert due.n_commit == 4
+
+
+def test_a_due_character_is_decided_once_two_characters_were_heard_after_it():
+    """Deadline mode: the stream's first update on the cut span has no measured cost, and the
+    planner took every character heard for due (espeak-ng, the daemon's path: "在这中对摩的山木中"
+    decided 0.2 s after its end). A character is decided from a decode that heard
+    DEADLINE_GUARD_MS after it; the rest wait for the next update. English keeps its guard."""
+    config = StreamingConfig(model="base")
+    words = chars("甚至出现交易几乎停")  # 0-2.25 s, a character every 0.25 s
+    end_ns, until_ns = 2500 * MS, 3800 * MS  # due: every character heard
+    english = decide(config, words, [], [], end_ns, 2500, until_ns)
+    chinese = decide(policy_for(config, "zh", deadline_mode=True), words, [], [], end_ns, 2500,
+                     until_ns)
+    assert english.n_commit == len(words)
+    assert chinese.n_commit == len(words) - 1  # 停 ended 0.25 s before the audio end: it waits
+    assert DEADLINE_GUARD_MS == 500
+    # agreement mode keeps the utterance's 5 s guard
+    assert policy_for(config, "zh").agree_guard_ms == 5000
 
 
 def test_language_tracker_applies_the_policy_once_the_language_is_named():
