@@ -50,6 +50,15 @@ _LIBC = _libc()
 _FREE: list[int] = []  # disarmed descriptors, for the next waiter
 
 
+def _forget_after_fork() -> None:
+    """A forked child shares the parent's timers: it closes its copies and makes its own."""
+    while _FREE:
+        os.close(_FREE.pop())
+
+
+os.register_at_fork(after_in_child=_forget_after_fork)
+
+
 def available() -> bool:
     return _LIBC is not None
 

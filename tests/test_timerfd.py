@@ -71,3 +71,20 @@ def test_the_clock_sleeps_on_it_and_without_it_and_never_returns_early(monkeypat
     monkeypatch.setattr(timerfd, "_LIBC", None)  # no timerfd: an asyncio sleep
     assert not timerfd.available()
     assert min(asyncio.run(main())) >= 0
+
+
+@linux_only
+def test_a_forked_child_does_not_reuse_the_parents_timers():
+    asyncio.run(timerfd.wait_until(time.monotonic_ns() + 100_000))
+    assert timerfd._FREE  # noqa: SLF001 - one pooled descriptor in the parent
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: its pool is empty, and its own waits still work
+        ok = not timerfd._FREE  # noqa: SLF001
+        asyncio.run(timerfd.wait_until(time.monotonic_ns() + 100_000))
+        os.write(write, b"1" if ok else b"0")
+        os._exit(0)
+    os.close(write)
+    assert os.read(read, 1) == b"1"
+    os.waitpid(pid, 0)
+    assert timerfd._FREE  # noqa: SLF001 - the parent's pool is as it was
