@@ -157,3 +157,22 @@ def test_behind_other_channels_the_full_input_is_not_probed_where_it_cannot_pay(
     assert kinds[-1] and kinds.index(True) < 30
     # alone on its worker (not shared), the full input is measured first, as before
     assert UpdatePlanner("auto").plan(grid, T0_NS + 1000 * MS).full_span
+
+
+def test_a_slow_cut_span_does_not_make_the_unmeasured_full_input_look_as_cheap():
+    """A loaded core (subd run, 4 channels, load average 6): cut updates ran 0.3-0.6 s behind
+    waits of 1-2 s. The full input, not measured yet, is taken to cost what the cut span did
+    scaled as on an idle core (x 2.7), not as much as the cut span: it is not probed where
+    every kind leaves no right context (before: equal costs, the full input won on the slack,
+    and its probe held the other channels back by 0.85 s)."""
+    grid = TickGrid.create("30", T0_NS, D_MS, 150)
+    planner = UpdatePlanner("auto", shared=True)
+    now = T0_NS + 1000 * MS
+    kinds = []
+    for _ in range(12):
+        plan = planner.plan(grid, now)
+        kinds.append(plan.full_span)
+        run_ms = 850 if plan.full_span else 420
+        planner.record(plan, (1300 + run_ms) * MS, run_ms * MS)
+        now += (1300 + run_ms) * MS
+    assert not any(kinds)

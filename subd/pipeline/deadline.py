@@ -131,8 +131,12 @@ class UpdatePlanner:
         if not self._waits:  # no run time measured yet
             return self.cost_ns(full)
         runs = self._runs[full]
-        # never run: no cheaper than the other kind ran, nor than an idle core's first guess
-        own = _quantile(runs) if runs else max(FIRST_COST_NS[full], _quantile(self._runs[not full]))
+        # never run: the other kind's run scaled as the two first guesses are (an idle core:
+        # the full input 0.4 s, the cut span 0.15 s), and no less than this kind's guess. "No
+        # cheaper than the other kind", as in cost_ns, let the full input's probe pay where a
+        # loaded core ran the cut span in 0.41 s (subd run, 4 channels at load average 6)
+        other = _quantile(self._runs[not full]) * FIRST_COST_NS[full] // FIRST_COST_NS[not full]
+        own = _quantile(runs) if runs else max(FIRST_COST_NS[full], other)
         return _quantile(self._waits) + own
 
     def horizon_ns(self, kinds: tuple[bool, bool] | None = None) -> int:
