@@ -153,6 +153,7 @@ def simulate(label: str, host, spec: tuple, library: np.ndarray, n: int, setup: 
     grids = [TickGrid.create(setup.fps, int(start[i]), setup.latency_ms, setup.lookahead_ms)
              for i in range(n)]
     plans = [None] * n
+    answered = start.copy()  # when each channel's last answer came in
     previous: list[tuple] = [((), None)] * n  # last result's tentative words, its deadline
     end_ns = t0 + int((setup.ramp_s + setup.duration_s) * NS_PER_S)
     with UtilSampler() as util, _serial_threads(batched):
@@ -162,11 +163,25 @@ def simulate(label: str, host, spec: tuple, library: np.ndarray, n: int, setup: 
             if not len(ready):
                 time.sleep(0.001)
                 continue
+            sends: dict[int, int] = {}
+            if not batched:
+                # as the daemon's serial worker: a channel sends its update when its last
+                # answer is back and min_update_ms of new audio is in, planned then, and waits
+                # in line behind the updates sent before it (its round trip counts the wait)
+                for i in ready:
+                    due = int(start[i]) + -(-(int(ch.sent[i]) + min_new) * NS_PER_S
+                                            // SAMPLE_RATE_HZ)
+                    sends[int(i)] = max(int(answered[i]), due)
+                ready = sorted((int(i) for i in ready), key=sends.__getitem__)
             requests = []
             for i in ready:
-                ch.feed(int(i), int(heard[i]))
-                plans[i] = plan = planners[i].plan(grids[i], now)
-                requests.append((int(i), UpdateRequest(int(heard[i]), plan.commit_until_ns,
+                t_send = sends.get(int(i), now)
+                at_send = (t_send - int(start[i])) * SAMPLE_RATE_HZ // NS_PER_S
+                end = int(heard[i]) if batched else min(int(heard[i]),
+                                                        max(int(ch.sent[i]) + min_new, at_send))
+                ch.feed(int(i), end)
+                plans[i] = plan = planners[i].plan(grids[i], t_send)
+                requests.append((int(i), UpdateRequest(end, plan.commit_until_ns,
                                                         full_span=plan.full_span)))
             if batched:
                 out = host.handle(ForChannels(tuple(ForChannel(f"c{i}", r)
@@ -184,8 +199,9 @@ def simulate(label: str, host, spec: tuple, library: np.ndarray, n: int, setup: 
                 trial.batch.append(1)
             trial.round_ms.append((done[-1] - now) / NS_PER_MS)
             for (i, _), (ok, res), t_done in zip(requests, out, done, strict=True):
-                account(trial, i, ok, res, now, t_done, int(start[i]), planners[i], plans[i],
-                        shown, previous, d_ns, a_ns)
+                account(trial, i, ok, res, sends.get(i, now), t_done, int(start[i]),
+                        planners[i], plans[i], shown, previous, d_ns, a_ns)
+                answered[i] = t_done
     trial.gpu_util_pct = util.mean
     trial.offsets, trial.sent = ch.offsets, ch.sent.copy()
     ch.close()
