@@ -176,3 +176,32 @@ def test_a_slow_cut_span_does_not_make_the_unmeasured_full_input_look_as_cheap()
         planner.record(plan, (1300 + run_ms) * MS, run_ms * MS)
         now += (1300 + run_ms) * MS
     assert not any(kinds)
+
+
+def test_a_channel_alone_on_the_shared_recogniser_is_planned_as_one_on_its_own():
+    """The daemon gives every channel a ChannelWorker onto its shared recogniser, also when it
+    runs one channel (`subd stream`): that channel is planned as one alone (the full input
+    measured first, as `subd bench quality` measures it), and as shared once a second channel
+    attaches."""
+
+    async def main() -> list[bool]:
+        clock = FakeClock(start_ns=T0_NS)
+        shared = SharedWorker(InlineWorker("recognise", MultiplexHost(None), clock))
+        grid = TickGrid.create("30", T0_NS, D_MS, 150)
+        first = []
+        for name in ("c0", "c1"):
+            history = AudioHistory(SAMPLE_RATE_HZ * 40)
+            worker = await shared.attach(name, FactorySpec(
+                "subd.workers.hosts:RecogniserHost", {
+                    "recognizer": FactorySpec("tests.test_deadline:DeadlineRecognizer",
+                                              {"n_words": 3}),
+                    "history_capacity": history.capacity, "history": history}))
+            pipeline = Pipeline(
+                clock=clock, settings=TickSettings(latency_ms=D_MS),
+                source=FileSource(np.zeros(SAMPLE_RATE_HZ, np.float32)), recogniser=worker,
+                tagger=InlineWorker("tag", TagHost(None), clock), history=history,
+                sinks=[ListSink()])
+            first.append(pipeline.planner.plan(grid, T0_NS + 1000 * MS).full_span)
+        return first
+
+    assert asyncio.run(main()) == [True, False]  # alone: full input first; with c0: cut first

@@ -49,6 +49,7 @@ shown 2.29-2.69 s at D = 2 s, and 1-4 with the horizon, p95 2.00-2.09 s).
 from __future__ import annotations
 
 import collections
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from subd.pipeline.ticks import NS_PER_MS, TickGrid
@@ -94,11 +95,12 @@ class UpdatePlan:
 
 class UpdatePlanner:
     def __init__(self, span: str = "auto", min_update_ms: int = 200,
-                 shared: bool = False) -> None:
+                 shared: bool | Callable[[], bool] = False) -> None:
         if span not in SPANS:
             raise ValueError(f"encoder span {span!r}: one of {', '.join(SPANS)}")
         self.span = span
-        self.shared = shared  # the recogniser serves other channels too (see _probe_due)
+        # the recogniser serves other channels too (see _probe_due): fixed, or asked each time
+        self.shared = shared
         self.min_update_ms = min_update_ms
         self._costs = {kind: collections.deque(maxlen=UPDATE_COSTS_KEPT)
                        for kind in (False, True)}
@@ -196,7 +198,8 @@ class UpdatePlanner:
         core each probed the full input first, each probe holding the three others' updates
         back by its 0.45 s (subd bench serial --update-ms 600,190: 35 of 41 late words were in
         a channel's first 9 s)."""
-        for kind in ((False, True) if self.shared else (True, False)):
+        shared = self.shared() if callable(self.shared) else self.shared
+        for kind in ((False, True) if shared else (True, False)):
             last = self._last_measured[kind]
             if last is None and kind == measuring:
                 continue

@@ -94,10 +94,13 @@ class Pipeline(TickPublisher):
         self._tag_event = asyncio.Event()
         self._tag_pending: tuple[int, bool] | None = None
         # each update's deadline and encoder span (subd.pipeline.deadline)
-        # a channel's worker onto a recogniser shared with other channels (the daemon's
-        # subd.service.stages.ChannelWorker) has ``shared``
-        self.planner = UpdatePlanner(settings.encoder_span, settings.min_update_ms,
-                                     shared=getattr(recogniser, "shared", None) is not None)
+        # a channel's worker onto a recogniser that may serve other channels (the daemon's
+        # subd.service.stages.ChannelWorker) has ``shared``: planned as shared while others are
+        # attached to it (a channel alone is planned as `subd bench quality` measures it)
+        stage = getattr(recogniser, "shared", None)
+        self.planner = UpdatePlanner(
+            settings.encoder_span, settings.min_update_ms,
+            shared=(lambda: stage.n_channels() > 1) if stage is not None else False)
         self._prev: CaptionState | None = None
         self.last_published_k = -1
 

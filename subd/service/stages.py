@@ -254,6 +254,10 @@ class SharedWorker:
             self._costs.setdefault(kind, deque(maxlen=64)).append(time.monotonic_ns() - t0_ns)
         return result
 
+    def n_channels(self) -> int:
+        """Channels attached to this stage now."""
+        return len(self._channels)
+
     async def attach(self, channel: str, host: Any) -> ChannelWorker:
         cw = ChannelWorker(self, channel, host, resume_for(host))
         self._channels[channel] = cw
