@@ -3,10 +3,10 @@
 ``sleep_until`` takes an absolute deadline. The monotonic clock sleeps in the event loop until
 ``deadline − 1 ms`` and spins the rest, because an asyncio sleep alone wakes 1–5 ms late on a
 busy machine (DESIGN.md, "Meeting the tick on a busy machine"). Its sleeps end on a timerfd
-(subd.timerfd), at their time, not up to 1 ms after it as epoll's timeout would: that is what
-lets 1 ms of spin do (`subd bench realtime` on the 2-core development VM, two other processes
-busy: a 1 ms or 2 ms spin both gave publish-time error p99 0.08-0.12 ms at the client; without
-the timerfd, the 2 ms spin gave 0.9-4.7 ms).
+(``wait_until_exact``), at their time, not up to 1 ms after it as epoll's timeout would: that
+is what lets 1 ms of spin do (`subd bench realtime` on the 2-core development VM, two other
+processes busy: a 1 ms or 2 ms spin both gave publish-time error p99 0.08-0.12 ms at the
+client; without the timerfd, the 2 ms spin gave 0.9-4.7 ms).
 Waits that need no precision (pacing a file, look-ahead fetches) pass ``precise=False`` and
 never spin.
 """
@@ -14,6 +14,8 @@ never spin.
 from __future__ import annotations
 
 import asyncio
+import ctypes
+import ctypes.util
 import heapq
 import itertools
 import logging
@@ -22,12 +24,127 @@ import time
 from fractions import Fraction
 from typing import Protocol, runtime_checkable
 
-from subd import timerfd
 from subd.errors import ConfigError
 
 log = logging.getLogger("subd.clock")
 
 SPIN_NS = 1_000_000
+
+
+# ---- exact wake-ups: a Linux timerfd --------------------------------------------------------
+#
+# Wake-ups in the event loop at an exact monotonic time, from a Linux timerfd.
+#
+# An asyncio sleep waits in ``epoll_wait``, whose timeout is whole milliseconds, rounded up: a
+# task asking to wake at T wakes between T and T + 1 ms, then behind whatever else is ready. The
+# publisher slept to T(k) − 2 ms and spun the rest, so that round-up ate half its margin:
+# measured on the 2-core development machine (`subd bench realtime`, 855 ticks, two other
+# processes busy), its coarse wake came 0.73 ms late at p50 and 1.26 ms at p90, and the ticks
+# whose wake plus the state's preparation passed the margin were published 1-8 ms late.
+#
+# A timerfd armed at an absolute ``CLOCK_MONOTONIC`` time (the clock of ``time.monotonic_ns``)
+# fires with nanosecond resolution and wakes ``epoll_wait`` at that moment; the loop then runs the
+# sleeper with its other ready callbacks. Each waiting task holds its own descriptor (from a small
+# pool, re-armed each time). Where timerfd is not available (not Linux, no libc through ctypes),
+# :func:`wait_until_exact` is a plain asyncio sleep.
+
+CLOCK_MONOTONIC = 1
+TFD_CLOEXEC = 0o2000000
+TFD_NONBLOCK = 0o4000
+TFD_TIMER_ABSTIME = 1
+
+
+class _TfdTimespec(ctypes.Structure):
+    _fields_ = [("tv_sec", ctypes.c_long), ("tv_nsec", ctypes.c_long)]
+
+
+class _TfdItimerspec(ctypes.Structure):
+    _fields_ = [("it_interval", _TfdTimespec), ("it_value", _TfdTimespec)]
+
+
+def _tfd_libc() -> ctypes.CDLL | None:
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        libc.timerfd_create  # noqa: B018 - absent outside Linux: AttributeError
+        libc.timerfd_settime  # noqa: B018
+    except (OSError, AttributeError):
+        return None
+    return libc
+
+
+_TFD_LIBC = _tfd_libc()
+_TFD_FREE: list[int] = []  # disarmed descriptors, for the next waiter
+
+
+def _tfd_forget_after_fork() -> None:
+    """A forked child shares the parent's timers: it closes its copies and makes its own."""
+    while _TFD_FREE:
+        os.close(_TFD_FREE.pop())
+
+
+os.register_at_fork(after_in_child=_tfd_forget_after_fork)
+
+
+def timerfd_available() -> bool:
+    return _TFD_LIBC is not None
+
+
+def _tfd_arm(fd: int, at_ns: int) -> None:
+    """Arm ``fd`` to fire once at ``at_ns`` on the monotonic clock (0 disarms it)."""
+    value = _TfdTimespec(at_ns // 1_000_000_000, at_ns % 1_000_000_000)
+    spec = _TfdItimerspec(_TfdTimespec(0, 0), value)
+    if _TFD_LIBC.timerfd_settime(fd, TFD_TIMER_ABSTIME if at_ns else 0, ctypes.byref(spec),
+                             None) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"timerfd_settime: {os.strerror(err)}")
+
+
+def _tfd_take() -> int:
+    if _TFD_FREE:
+        return _TFD_FREE.pop()
+    fd = _TFD_LIBC.timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC)
+    if fd < 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"timerfd_create: {os.strerror(err)}")
+    return fd
+
+
+def _tfd_drain(fd: int) -> None:
+    try:
+        os.read(fd, 8)
+    except BlockingIOError:
+        pass
+
+
+async def wait_until_exact(deadline_ns: int) -> None:
+    """Return once ``time.monotonic_ns()`` has reached ``deadline_ns`` (at once if it has)."""
+    if deadline_ns <= time.monotonic_ns():
+        return
+    if _TFD_LIBC is None:
+        await asyncio.sleep((deadline_ns - time.monotonic_ns()) / 1e9)
+        return
+    loop = asyncio.get_running_loop()
+    fd = _tfd_take()
+    fired = loop.create_future()
+
+    def on_fire() -> None:
+        _tfd_drain(fd)
+        if not fired.done():
+            fired.set_result(None)
+
+    try:
+        _tfd_arm(fd, deadline_ns)
+        loop.add_reader(fd, on_fire)
+        try:
+            await fired
+        finally:
+            loop.remove_reader(fd)
+    except BaseException:
+        os.close(fd)  # cancelled or failed: this one is not reused (it may still be armed)
+        raise
+    _tfd_arm(fd, 0)
+    _tfd_drain(fd)
+    _TFD_FREE.append(fd)
 
 
 @runtime_checkable
@@ -51,7 +168,7 @@ class MonotonicClock:
     async def sleep_until(self, deadline_ns: int, *, precise: bool = True) -> int:
         margin_ns = self.spin_ns if precise else 0
         # a timerfd wakes the loop at the very moment (an asyncio sleep up to 1 ms after it)
-        await timerfd.wait_until(deadline_ns - margin_ns)
+        await wait_until_exact(deadline_ns - margin_ns)
         now = time.monotonic_ns()
         if not precise:
             while now < deadline_ns:  # asyncio may wake a hair early; never return early
