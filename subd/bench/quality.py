@@ -117,10 +117,10 @@ async def _stream(sset: SpeechSet, latency_ms: int, args) -> tuple[list, int]:
     return seen.words, source.t0_ns
 
 
-class _CpuTimed:
+class CpuTimed:
     """A stage host whose calls last, on the fake clock, the CPU time they took, or for a
     recogniser update ``update_ns`` (on the full input, on the cut span) where given, or
-    ``fixed_ns`` for every call."""
+    ``fixed_ns`` for every call (subd bench serial's hosts too: ``cost_ns`` says which)."""
 
     def __init__(self, host, update_ns: tuple[int, int] | None = None,
                  fixed_ns: int | None = None) -> None:
@@ -135,12 +135,13 @@ class _CpuTimed:
         try:
             return self.host.handle(request)
         finally:
-            self.last_ns = time.thread_time_ns() - t_ns
-            if self.update_ns is not None and hasattr(request, "full_span"):
-                self.last_ns = self.update_ns[0 if request.full_span else 1]
-            elif self.fixed_ns is not None:
-                self.last_ns = self.fixed_ns
+            self.last_ns = self.cost_ns(request, time.thread_time_ns() - t_ns)
             self.costs_ns.append(self.last_ns)
+
+    def cost_ns(self, request, cpu_ns: int) -> int:
+        if self.update_ns is not None and hasattr(request, "full_span"):
+            return self.update_ns[0 if request.full_span else 1]
+        return cpu_ns if self.fixed_ns is None else self.fixed_ns
 
 
 async def _stream_cpu(sset: SpeechSet, latency_ms: int, args) -> tuple[list, int]:
@@ -154,13 +155,12 @@ async def _stream_cpu(sset: SpeechSet, latency_ms: int, args) -> tuple[list, int
     from subd.workers.hosts import FactorySpec, RecogniserHost, TagHost, resolve_tagger
     from subd.workers.process import InlineWorker
 
-    cfg = _config(args, latency_ms)
-    t0_ns = 10**12
+    cfg, t0_ns = _config(args, latency_ms), 10**12
     clock = FakeClock(start_ns=t0_ns)
     history = AudioHistory(cfg.recognizer.history_s * SAMPLE_RATE_HZ)
     spec = recognizer_spec(args.model, **{"encoder_pad_ms": cfg.recognizer.encoder_pad_ms,
                                           **recognizer_overrides(args.overrides)})
-    rec = _CpuTimed(RecogniserHost(spec, history.capacity, history=history), update_ms(args))
+    rec = CpuTimed(RecogniserHost(spec, history.capacity, history=history), update_ms(args))
     tagger = resolve_tagger(args.tagger)
     if args.punct and tagger is not None:
         tagger = FactorySpec(tagger.target, {**tagger.kwargs, **dict(
@@ -169,7 +169,7 @@ async def _stream_cpu(sset: SpeechSet, latency_ms: int, args) -> tuple[list, int
     # with modelled updates, a tag pass lasts as long as a slow one on an idle core (p99 of
     # the dev set at D = 2 s: 5 ms; p50 2.5 ms): its CPU time on a busy machine moved the
     # recogniser's decisions, so one run of the same code gave other figures than the next
-    tag = _CpuTimed(TagHost(tagger), fixed_ns=TAG_MODEL_NS if rec.update_ns else None)
+    tag = CpuTimed(TagHost(tagger), fixed_ns=TAG_MODEL_NS if rec.update_ns else None)
     seen = _Seen()
     settings = TickSettings(fps=cfg.tick.fps, latency_ms=latency_ms,
                             lookahead_ms=cfg.tick.lookahead_ms,

@@ -21,11 +21,11 @@ round trips, deadline misses and fallbacks. Served: 0 misses, 0 fallbacks, p95 w
 from __future__ import annotations
 
 import asyncio
-import time
 from pathlib import Path
 
 import numpy as np
 
+from subd.bench.quality import CpuTimed
 from subd.types import SAMPLE_RATE_HZ
 
 NS_PER_MS = 1_000_000
@@ -33,23 +33,15 @@ TAG_MODEL_NS = 5_000_000  # a tag pass (subd bench quality's modelled one)
 VISIBLE_SLACK_MS = 300
 
 
-class _Costs:
-    """Fake-clock duration of a recogniser request: modelled per span, or its CPU time."""
+class _Costs(CpuTimed):
+    """Fake-clock duration of a channel's request to the shared recogniser: its update's
+    modelled per span, or its CPU time; attach, detach and finish cost nothing (not measured)."""
 
-    def __init__(self, host, update_ns: tuple[int, int] | None) -> None:
-        self.host, self.update_ns, self.last_ns = host, update_ns, 0
-
-    def handle(self, request):
-        t_ns = time.thread_time_ns()
-        try:
-            return self.host.handle(request)
-        finally:
-            self.last_ns = time.thread_time_ns() - t_ns
-            inner = getattr(request, "request", None)
-            if inner is None or not hasattr(inner, "commit_until_ns"):
-                self.last_ns = 0  # attach, detach, finish: not what is measured
-            elif self.update_ns is not None:
-                self.last_ns = self.update_ns[0 if inner.full_span else 1]
+    def cost_ns(self, request, cpu_ns: int) -> int:
+        inner = getattr(request, "request", None)
+        if inner is None or not hasattr(inner, "commit_until_ns"):
+            return 0
+        return super().cost_ns(inner, cpu_ns)
 
 
 class _Channel:
