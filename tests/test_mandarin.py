@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import csv
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -376,3 +377,51 @@ def test_daemon_path_cer_within_2_points_of_transcribe(daemon_runs, speech, lang
           f"  stream:     {stream_text}\n  transcribe: {offline_text}")
     assert sum(has_cjk(u) for u in units(stream_text)) >= len(units(ref)) // 2
     assert stream_cer <= offline_cer + 0.02
+
+
+# ---- subd bench quality --language zh ----------------------------------------------------------
+
+
+def test_the_mandarin_bench_sets_are_split_and_carry_their_texts():
+    """zh-dev (the AISHELL-1 clips tuned on, FunASR's regression clip) and zh-heldout (two demo
+    sentences never tuned on) share no clip; each text is the clip's, as transcripts.tsv says."""
+    from subd.bench.quality_zh import ZH_DEV_CLIPS, ZH_HELDOUT_CLIPS, build_zh_set
+
+    assert not set(ZH_DEV_CLIPS) & set(ZH_HELDOUT_CLIPS)
+    assert set(AISHELL) == {f"{c}.wav" for c in ZH_DEV_CLIPS if c.startswith("aishell")}
+    dev, held = (build_zh_set(n, c) for n, c in (("zh-dev", ZH_DEV_CLIPS),
+                                                 ("zh-heldout", ZH_HELDOUT_CLIPS)))
+    assert (len(units(dev.ref)), len(units(held.ref))) == (49, 39)
+    assert dev.ref.startswith("甚至出现交易") and held.ref.endswith("语音识别模型")
+    # 4 clips of 4.1-6.0 s and 2 of 5.0-5.5 s, each followed by 0.75 s of silence
+    assert 21 < len(dev.audio) / 16000 < 23 and 12 < len(held.audio) / 16000 < 13
+
+
+def test_bench_quality_in_mandarin_prints_cer_against_offline_and_each_decision(tmp_path):
+    """The held-out set on the daemon's path at D = 2 s, base's costs on one core modelled:
+    the offline row, the streamed row with its CER and its difference to offline, and with
+    --show each decision (characters with the audio heard after them). ~40 s on this CPU."""
+    out_json = tmp_path / "zh.json"
+    proc = subprocess.run([sys.executable, "-m", "subd.cli", "bench", "quality", "--language",
+                           "zh", "--sets", "heldout", "--latencies", "2000", "--pace", "cpu",
+                           "--update-ms", "1350,400", "--show", "--json", str(out_json)],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    table = proc.stdout.split("D (ms)")[-1]
+    assert "zh-heldout:" in table and "[cpu 1350,400]" in table
+    figures = json.loads(out_json.read_text(encoding="utf-8"))["zh-heldout"]
+    assert figures["offline"]["characters"] == figures["2000"]["characters"] == 39
+    assert figures["offline"]["cer"] < 0.15  # base reads these demo sentences nearly right
+    assert figures["2000"]["latency_s"]["p50"] >= 2.0  # never before D
+    # a decision: its time, the span, then each character with its right context in seconds
+    assert re.search(r"^\s+\d+\.\d\d s (cut |full) (\S+[+-]\d\.\d\d ?)+$", table, re.M), table
+    assert simplified("體驗") == "体验"
+
+
+def test_bench_quality_in_mandarin_refuses_english_only_models_and_english_sets():
+    for extra, message in ((["--model", "small.en"], "knows only English"),
+                           (["--sets", "zh-dev,cards"], "choose from zh-dev, zh-heldout")):
+        proc = subprocess.run([sys.executable, "-m", "subd.cli", "bench", "quality",
+                               "--language", "zh", "--pace", "cpu", *extra],
+                              capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 2 and message in proc.stderr, proc.stderr

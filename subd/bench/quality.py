@@ -1,32 +1,23 @@
 """``subd bench quality``: live caption quality against the latency budget D, and offline.
 
-Audio: real speech with exact transcripts that the project's machines have (Debian
-pocketsphinx-testdata): the five LibriVox clips and the five "cards" clips. They are split once
-into a DEVELOPMENT set (what policies are tuned on) and a HELD-OUT set (never tuned on); both are
-reported side by side. ``--synthetic`` adds espeak-ng speech (questions, commas) as a third,
-supplementary set; it is never the acceptance set.
-
-Each set is one stream: its clips one after another with 0.75 s of silence, streamed once per D
-through the pipeline's scheduler and tick clock. The recogniser's decisions depend on how long an
-update takes against the audio clock, so the pace is never simply sped up:
-
-* ``--pace real`` (default): ``subd stream``'s daemon (recogniser and tagger processes,
-  publisher) at real time. Honest on a quiet machine; on a shared one, other work slows the
-  updates and the figures show that machine, not subd.
+Audio: real speech with exact transcripts (subd.bench.quality_sets), split once into a DEVELOPMENT
+set (what policies are tuned on) and a HELD-OUT set (never tuned on), reported side by side;
+``--synthetic`` adds espeak-ng speech, never the acceptance set; ``--language zh``: Mandarin
+sets, scored by character error rate (subd.bench.quality_zh). Each set is one stream (its clips
+with 0.75 s of silence between), streamed once per D through the pipeline's scheduler and tick
+clock; how long an update takes against the audio clock moves the recogniser's decisions:
+* ``--pace real`` (default): ``subd stream``'s daemon at real time. Honest on a quiet machine;
+  on a shared one, other work slows the updates and the figures show that machine, not subd.
 * ``--pace cpu``: the same scheduler, recogniser and tagger on a fake clock on which every
-  recogniser update and tag pass lasts the CPU time it took (one thread, as the live
-  recogniser on 2 cores): the decisions a dedicated core would make, whatever else runs, and
-  faster than real time when the machine is idle.
+  update and tag pass lasts the CPU time it took (one thread, as the live recogniser on 2
+  cores): a dedicated core's decisions, whatever else runs, faster than real time when idle.
 
 The same engine then transcribes the set offline (``subd transcribe``'s path). Reported per run:
-
-* WER (subd.scoring.wer) against the pocketsphinx transcripts;
-* punctuation F1 for '.', ',' and '?' on aligned words, against the book's punctuation (the
-  cards clips have no punctuated reference: they count for WER, drops and latency only);
-* dropped spans: runs of 3 or more consecutive reference words missing from the output;
-* full stops inside sentences: a sentence end on a word whose reference has none;
-* committed latency as a viewer sees it: the publication time of the first tick carrying the
-  word as committed, minus the word's end (p50, p95, max).
+WER (subd.scoring.wer); punctuation F1 for '.', ',' and '?' on aligned words against the book's
+punctuation (clips without a punctuated reference count for WER, drops and latency only);
+dropped spans (3 or more consecutive reference words missing); full stops inside sentences (a
+sentence end on a word whose reference has none); committed latency as a viewer sees it (the
+first tick carrying the word as committed, minus the word's end: p50, p95, max).
 """
 
 from __future__ import annotations
@@ -76,10 +67,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="real: the daemon at real time; cpu: fake clock, CPU-time updates")
     p.add_argument("--update-ms", metavar="FULL,CUT",
                    help="--pace cpu: each recogniser update lasts this long on the fake clock "
-                        "(on Whisper's full input, on the cut span) instead of the CPU time it "
-                        "took (and a tag pass 5 ms): a device of known speed, and the same "
-                        "decisions however loaded "
-                        "this machine is (tiny.en int8 on one idle core: 450,140)")
+                        "(full input, cut span), a tag pass 5 ms: a device of known speed, the "
+                        "same decisions however loaded this machine is (tiny.en int8 on one "
+                        "idle core: 450,140; base 1350,400)")
+    p.add_argument("--language", default="en", help="en; zh: Mandarin sets, CER (base model)")
     p.set_defaults(func=run)
 
 
@@ -100,7 +91,7 @@ class _Seen:
             self.words.append((tw.text + tw.punct, None, tw.word.end_ns, sent_ns))
 
 
-async def _stream(sset: SpeechSet, latency_ms: int, args) -> tuple[list, int]:
+async def _stream(sset: SpeechSet, latency_ms: int, args, seen=None) -> tuple[list, int]:
     import dataclasses
 
     from subd.service.daemon import Daemon
@@ -108,10 +99,11 @@ async def _stream(sset: SpeechSet, latency_ms: int, args) -> tuple[list, int]:
 
     cfg = _config(args, latency_ms)
     cfg = cfg.replace(tick=dataclasses.replace(cfg.tick, latency_ms=latency_ms),
-                      recognizer=dataclasses.replace(cfg.recognizer, model=args.model),
+                      recognizer=dataclasses.replace(cfg.recognizer, model=args.model,
+                                                     language=args.language),
                       pipeline=dataclasses.replace(cfg.pipeline, tagger=args.tagger))
     source = FileSource(sset.audio, jitter_ms=0, name=sset.name)
-    seen = _Seen()
+    seen = _Seen() if seen is None else seen
     daemon = Daemon(cfg, source, sinks=[], observer=seen)
     await daemon.run()
     return seen.words, source.t0_ns
@@ -129,9 +121,11 @@ class CpuTimed:
         self.fixed_ns = fixed_ns
         self.last_ns = 0
         self.costs_ns: list[int] = []
+        self.kinds: list[bool | None] = []  # each call's full_span (None: not an update)
 
     def handle(self, request):
         t_ns = time.thread_time_ns()
+        self.kinds.append(getattr(request, "full_span", None))
         try:
             return self.host.handle(request)
         finally:
@@ -144,7 +138,7 @@ class CpuTimed:
         return cpu_ns if self.fixed_ns is None else self.fixed_ns
 
 
-async def _stream_cpu(sset: SpeechSet, latency_ms: int, args) -> tuple[list, int]:
+async def _stream_cpu(sset: SpeechSet, latency_ms: int, args, seen=None) -> tuple[list, int]:
     from subd.clock import FakeClock
     from subd.history import AudioHistory
     from subd.pipeline.scheduler import Pipeline, TickSettings
@@ -159,6 +153,7 @@ async def _stream_cpu(sset: SpeechSet, latency_ms: int, args) -> tuple[list, int
     clock = FakeClock(start_ns=t0_ns)
     history = AudioHistory(cfg.recognizer.history_s * SAMPLE_RATE_HZ)
     spec = recognizer_spec(args.model, **{"encoder_pad_ms": cfg.recognizer.encoder_pad_ms,
+                                          "language": args.language,
                                           **recognizer_overrides(args.overrides)})
     rec = CpuTimed(RecogniserHost(spec, history.capacity, history=history), update_ms(args))
     tagger = resolve_tagger(args.tagger)
@@ -170,7 +165,8 @@ async def _stream_cpu(sset: SpeechSet, latency_ms: int, args) -> tuple[list, int
     # the dev set at D = 2 s: 5 ms; p50 2.5 ms): its CPU time on a busy machine moved the
     # recogniser's decisions, so one run of the same code gave other figures than the next
     tag = CpuTimed(TagHost(tagger), fixed_ns=TAG_MODEL_NS if rec.update_ns else None)
-    seen = _Seen()
+    seen = _Seen() if seen is None else seen
+    seen.recogniser = rec  # subd.bench.quality_zh reads the kind of each update
     settings = TickSettings(fps=cfg.tick.fps, latency_ms=latency_ms,
                             lookahead_ms=cfg.tick.lookahead_ms,
                             min_update_ms=cfg.recognizer.min_update_ms, drain_timeout_s=60,
@@ -320,6 +316,9 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"--latencies {args.latencies!r}: e.g. 1000,2000") from None
     if not latencies or any(not 300 <= d <= 20_000 for d in latencies):
         raise UserError(f"--latencies {args.latencies!r}: each D must be in 300..20000 ms")
+    if args.language != "en":
+        from subd.bench.quality_zh import run_zh
+        return run_zh(args, latencies)
     names = [s.strip() for s in args.sets.split(",") if s.strip()]
     if not names or any(n not in SETS for n in names):
         raise UserError(f"--sets {args.sets!r}: choose from {', '.join(SETS)}")
