@@ -40,6 +40,24 @@ def test_a_full_stop_inside_a_sentence_is_counted_and_scores_the_marks():
     assert own.stops_inside == 0 and own.f1["."] == 1.0 and own.wer_pct == 0.0
 
 
+def test_a_full_stop_at_a_semicolon_is_counted_apart_and_scores_as_its_comma():
+    """"my native country; the narrative would be tedious": two clauses that each stand as a
+    sentence. A full stop there is counted apart from one where the speaker only pauses, and
+    the semicolon is the comma it stands for in the F1 of ','."""
+    ref = _set("leave my native country the narrative would be tedious",
+               ["", "", "", ";", "", "", "", "", "."])
+    split = score_words(ref, [(w, None) for w in "leave my native country. The narrative "
+                              "would be tedious.".split()])
+    assert split.stops_inside == 0 and split.stops_at_semicolon == 1
+    assert split.f1[","] == 0.0 and split.as_dict()["full_stops_at_semicolons"] == 1
+    comma = score_words(ref, [(w, None) for w in "leave my native country, the narrative "
+                              "would be tedious.".split()])
+    assert comma.stops_at_semicolon == 0 and comma.f1[","] == 1.0
+    pause = score_words(ref, [(w, None) for w in "leave my. Native country, the narrative "
+                              "would be tedious.".split()])
+    assert pause.stops_inside == 1 and pause.stops_at_semicolon == 0
+
+
 def test_the_sets_are_disjoint_and_carry_the_books_punctuation(speech_clips):
     dev, held = build_set("dev", ("librivox/0870",)), build_set("heldout", ("librivox/0880",
                                                                             "cards/001"))
@@ -60,7 +78,8 @@ def test_the_repositorys_clips_join_the_sets_with_their_references():
     assert jfk.marks[:4] == ["", ",", "", ""] and jfk.marks[-1] == "."
     assert len(jfk.audio) / 16000 > 11
     libri = build_set("dev", ("speech/libri-2412-153948-0000",))
-    assert len(libri.words) == 36 and libri.marks.count(",") == 3  # "me," "antecedents," "country;"
+    assert len(libri.words) == 36 and libri.marks.count(",") == 2  # "me," "antecedents,"
+    assert libri.marks.count(";") == 1  # "country;": kept, a full stop there counted apart
     assert libri.marks[-1] == "." and libri.marks.count(".") == 1
     lj = build_set("dev", ("speech/lj050-0131",))
     assert set(lj.marks) == {None}

@@ -77,7 +77,7 @@ def _clip(key: str) -> ClipRef:
     words = tuple(normalise(m.group(1)))
     marks = None
     if book is not None:
-        ref = reference_words(book)
+        ref = reference_words(book, semicolons=True)
         # the clip ends a sentence in the stream: the next clip is not what the book says next
         ref[-1] = (ref[-1][0], ref[-1][1] if ref[-1][1] in SENTENCE_END else ".")
         marks = _marks_on(words, ref)
@@ -100,7 +100,7 @@ def _speech_clip(key: str, clip: str) -> ClipRef:
     words = tuple(normalise(text))
     marks = None
     if punctuated == "yes":
-        ref = reference_words(text)
+        ref = reference_words(text, semicolons=True)
         ref[-1] = (ref[-1][0], ref[-1][1] if ref[-1][1] in SENTENCE_END else ".")
         marks = _marks_on(words, ref)
     return ClipRef(key, load_audio(SPEECH / name), words, marks)
@@ -147,7 +147,7 @@ def synthetic_set() -> SpeechSet:
         subprocess.run([exe, "-v", "en-us", "-s", "160", "-w", str(out), NEWS_PARAGRAPH],
                        check=True)
         audio = load_audio(out)
-    ref = reference_words(NEWS_PARAGRAPH)
+    ref = reference_words(NEWS_PARAGRAPH, semicolons=True)
     return SpeechSet("synthetic", np.concatenate([audio, np.zeros(12_000, np.float32)]),
                      [w for w, _ in ref], [m for _, m in ref])
 
@@ -200,6 +200,9 @@ class RunScore:
     f1: dict[str, float]
     dropped: list[str]
     stops_inside: int
+    # full stops where the reference has a semicolon: between two clauses that can each stand
+    # as a sentence ("my native country; the narrative would be..."), not a pause inside one
+    stops_at_semicolon: int = 0
     latency_s: dict[str, float] = field(default_factory=dict)
     text: str = ""
     wer_runs: list[float] = field(default_factory=list)  # each run's WER (--repeats)
@@ -208,6 +211,7 @@ class RunScore:
     def as_dict(self) -> dict:
         return {"wer_pct": self.wer_pct, "f1": self.f1, "dropped_spans": len(self.dropped),
                 "dropped": self.dropped, "full_stops_inside_sentences": self.stops_inside,
+                "full_stops_at_semicolons": self.stops_at_semicolon,
                 "latency_s": self.latency_s,
                 **({"wer_runs": self.wer_runs} if self.wer_runs else {})}
 
@@ -225,18 +229,20 @@ def score_words(sset: SpeechSet, shown: list[tuple[str, str]]) -> RunScore:
     words = [w for w, _ in hyp]
     align, deleted = _align(sset.words, words)
     s = Scores()
-    stops = 0
+    stops = at_semicolon = 0
     for r, h in enumerate(align):
         truth = sset.marks[r]
         if h is None or truth is None:
             continue
         mark = hyp[h][1]
-        for key in MARKS:
-            s.add(key, mark == key, truth == key)
-        stops += mark in SENTENCE_END and truth not in SENTENCE_END
+        for key in MARKS:  # a semicolon scores as the comma it stands for
+            s.add(key, mark == key, (truth if truth != ";" else ",") == key)
+        if mark in SENTENCE_END and truth not in SENTENCE_END:
+            at_semicolon += truth == ";"
+            stops += truth != ";"
     # WER on the text as a whole, as the reference was normalised: the normaliser reads
     # numbers across words ("twenty five" -> "25"); per word they would not match
     spoken = normalise(" ".join(t for t, _ in shown))
     return RunScore(100 * word_errors(sset.words, spoken) / max(1, len(sset.words)),
                     {k: s.f1(k)[2] for k in MARKS}, _dropped_spans(sset.words, deleted), stops,
-                    text=" ".join(t + (m or "") for t, m in shown))
+                    at_semicolon, text=" ".join(t + (m or "") for t, m in shown))

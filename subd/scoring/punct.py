@@ -37,14 +37,14 @@ _DASH = re.compile(r"\s*(?:\u2014|\u2013|--+|\s-\s)\s*")  # a dash between words
 _TITLES = frozenset({"mr", "mrs", "ms", "dr", "prof", "st", "jr", "sr", "vs"})
 
 
-def reference_words(text: str) -> list[tuple[str, str]]:
+def reference_words(text: str, semicolons: bool = False) -> list[tuple[str, str]]:
     """Punctuated text -> [(normalised word, mark after it)]; ':', ';' and a dash between
-    words count as ','."""
+    words count as ',' (``semicolons``: ';' is kept, for scorers that tell it apart)."""
     out: list[tuple[str, str]] = []
     for token in _DASH.sub("\u2014 ", text).split():
         m = re.match(r"^[\"'(\[]*(.*?)([.,?!:;\"')\]\u2014-]*)$", token)
         word, trail = m.group(1), m.group(2)
-        mark = next((_MAP[c] for c in trail if c in _MAP), "")
+        mark = next((";" if semicolons and c == ";" else _MAP[c] for c in trail if c in _MAP), "")
         if mark == "." and trail.startswith(".") and _norm(word) in _TITLES:
             mark = ""
         if not _norm(word):  # marks alone ("\u2014" after a space): they follow the word before
