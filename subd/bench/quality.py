@@ -2,22 +2,18 @@
 
 Audio: real speech with exact transcripts (subd.bench.quality_sets), split once into a DEVELOPMENT
 set (what policies are tuned on) and a HELD-OUT set (never tuned on), reported side by side;
-``--synthetic`` adds espeak-ng speech, never the acceptance set; ``--language zh``: Mandarin
-sets, scored by character error rate (subd.bench.quality_zh). Each set is one stream (its clips
-with 0.75 s of silence between), streamed once per D through the pipeline's scheduler and tick
-clock; how long an update takes against the audio clock moves the recogniser's decisions:
+``--synthetic`` adds espeak-ng speech; ``--language zh``: Mandarin sets, scored by CER
+(subd.bench.quality_zh). A set is one stream (0.75 s of silence between clips), streamed once per
+D through the scheduler and tick clock; how long an update takes moves the decisions:
 * ``--pace real`` (default): ``subd stream``'s daemon at real time. Honest on a quiet machine;
   on a shared one, other work slows the updates and the figures show that machine, not subd.
-* ``--pace cpu``: the same scheduler, recogniser and tagger on a fake clock on which every
-  update and tag pass lasts the CPU time it took (one thread, as the live recogniser on 2
-  cores): a dedicated core's decisions, whatever else runs, faster than real time when idle.
+* ``--pace cpu``: the same stages on a fake clock, each update and tag pass lasting the CPU time
+  it took (one thread, as live on 2 cores): a dedicated core's decisions, however busy this is.
 
-The same engine then transcribes the set offline (``subd transcribe``'s path). Reported per run:
-WER (subd.scoring.wer); punctuation F1 for '.', ',' and '?' on aligned words against the book's
-punctuation (clips without a punctuated reference count for WER, drops and latency only);
-dropped spans (3 or more consecutive reference words missing); full stops inside sentences (a
-sentence end on a word whose reference has none); committed latency as a viewer sees it (the
-first tick carrying the word as committed, minus the word's end: p50, p95, max).
+The same engine transcribes the set offline (``subd transcribe``'s path). Per run: WER; F1 of
+'.', ',' and '?' on aligned words against the book's punctuation (clips without one count for
+WER, drops and latency only); dropped spans (3+ reference words in a row missing); full stops
+inside sentences; committed latency as seen (first tick showing it committed - its end).
 """
 
 from __future__ import annotations
@@ -31,6 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from subd.bench.quality_sets import SETS, RunScore, SpeechSet, build_set, score_words, synthetic_set
+from subd.bench.quality_zh import run_zh
 from subd.errors import UserError
 
 LATENCIES_MS = (500, 1000, 2000, 4000)
@@ -275,14 +272,18 @@ def _latency(lat: np.ndarray) -> dict[str, float]:
             "max": float(lat.max())}
 
 
-def stream_run(sset: SpeechSet, latency_ms: int, args) -> RunScore:
+def streamed(sset, latency_ms: int, args, seen=None) -> tuple[list, int]:
+    """One streamed run at ``--pace`` (quality_zh's too): the words as published, and t0."""
     if args.pace == "cpu":
         from subd.torch_threads import torch_threads
 
         with torch_threads(1):  # one thread, so its CPU time is the update's cost
-            words, t0_ns = asyncio.run(_stream_cpu(sset, latency_ms, args))
-    else:
-        words, t0_ns = asyncio.run(_stream(sset, latency_ms, args))
+            return asyncio.run(_stream_cpu(sset, latency_ms, args, seen))
+    return asyncio.run(_stream(sset, latency_ms, args, seen))
+
+
+def stream_run(sset: SpeechSet, latency_ms: int, args) -> RunScore:
+    words, t0_ns = streamed(sset, latency_ms, args)
     sc = score_words(sset, [(t, p) for t, p, _, _ in words])
     lat = np.array([(sent - t0_ns - end) / 1e9 for _, _, end, sent in words])
     sc.latency_s = _latency(lat)
@@ -316,9 +317,8 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"--latencies {args.latencies!r}: e.g. 1000,2000") from None
     if not latencies or any(not 300 <= d <= 20_000 for d in latencies):
         raise UserError(f"--latencies {args.latencies!r}: each D must be in 300..20000 ms")
-    if args.language != "en":
-        from subd.bench.quality_zh import run_zh
-        return run_zh(args, latencies)
+    if args.language != "en":  # update_ms, recognizer_overrides: a bad value fails first
+        return run_zh(args, latencies, streamed, (update_ms, recognizer_overrides))
     names = [s.strip() for s in args.sets.split(",") if s.strip()]
     if not names or any(n not in SETS for n in names):
         raise UserError(f"--sets {args.sets!r}: choose from {', '.join(SETS)}")

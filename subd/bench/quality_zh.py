@@ -22,16 +22,15 @@ and how much audio each character it committed had after it (its right context).
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import shutil
 import subprocess
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-from subd.bench.quality import _Seen
 from subd.bench.quality_sets import GAP_S, SPEECH
 from subd.errors import UserError
 
@@ -41,6 +40,8 @@ ZH_HELDOUT_CLIPS = ("paddlespeech-zh", "funasr-asr-example")
 ZH_SETS = {"zh-dev": ZH_DEV_CLIPS, "zh-heldout": ZH_HELDOUT_CLIPS}
 ALIASES = {"dev": "zh-dev", "heldout": "zh-heldout"}  # the English bench's default --sets
 TICK_GRACE_NS = 1_000_000_000 // 30  # a character is late past D plus one tick at 30 fps
+# quality.streamed: (set, D ms, args, observer) -> (words as published, t0 ns)
+Streamed = Callable[..., tuple[list, int]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,12 +90,12 @@ class Decision:
     chars: tuple[tuple[str, int], ...]  # (text, right context ns: heard after its end)
 
 
-class Decisions(_Seen):
-    """Pipeline observer: each committed word as published (quality's _Seen), and each update's
-    committed characters with the audio heard after them."""
+class Decisions:
+    """Pipeline observer: each committed word as published (as quality's _Seen records it), and
+    each update's committed characters with the audio heard after them."""
 
     def __init__(self, t0_ns: int = 0) -> None:
-        super().__init__()
+        self.words: list[tuple[str, None, int, int]] = []  # (text with mark, -, end, sent ns)
         self.recogniser = None  # quality.CpuTimed, set by --pace cpu: the kind of each update
         self.t0_ns = t0_ns
         self.decisions: list[Decision] = []
@@ -107,6 +108,10 @@ class Decisions(_Seen):
         self.decisions.append(Decision(
             now_ns - self.t0_ns, kinds[-1] if kinds else None,
             tuple((w.text, hyp.audio_end_ns - w.end_ns) for w in hyp.committed)))
+
+    def on_publish(self, state, sent_ns: int) -> None:
+        self.words += [(tw.text + tw.punct, None, tw.word.end_ns, sent_ns)
+                       for tw in state.committed]
 
 
 @dataclass
@@ -133,28 +138,20 @@ def score_text(cset: CharSet, text: str) -> CharScore:
     return CharScore(value, round(value * n), n, hyp)
 
 
-def stream_zh(cset: CharSet, latency_ms: int, args) -> CharScore:
-    """One streamed run of ``cset`` at D = ``latency_ms``, as quality.stream_run runs one."""
-    from subd.bench import quality
+def stream_zh(cset: CharSet, latency_ms: int, args, streamed: Streamed) -> CharScore:
+    """One streamed run of ``cset`` at D = ``latency_ms`` (``streamed``: quality.streamed)."""
     from subd.script import join_words
 
-    if args.pace == "cpu":
-        from subd.torch_threads import torch_threads
-
-        seen = Decisions(10**12)  # quality._stream_cpu's fake clock starts there
-        with torch_threads(1):
-            words, t0_ns = asyncio.run(quality._stream_cpu(cset, latency_ms, args, seen))
-    else:
-        seen = Decisions()
-        words, t0_ns = asyncio.run(quality._stream(cset, latency_ms, args, seen))
-        seen.decisions = [Decision(d.at_ns - t0_ns, d.full_span, d.chars)
-                          for d in seen.decisions]
+    seen = Decisions()
+    words, t0_ns = streamed(cset, latency_ms, args, seen)
+    seen.decisions = [Decision(d.at_ns - t0_ns, d.full_span, d.chars) for d in seen.decisions]
     sc = score_text(cset, join_words([text for text, _, _, _ in words]))
     lat = np.array([(sent - t0_ns - end) / 1e9 for _, _, end, sent in words])
     limit_ns = latency_ms * 1_000_000 + TICK_GRACE_NS
     sc.late = [(text, (sent - t0_ns - end) / 1e9) for text, _, end, sent in words
                if sent - t0_ns - end > limit_ns]
-    sc.latency_s = quality._latency(lat)
+    sc.latency_s = ({"p50": float(np.percentile(lat, 50)), "p95": float(np.percentile(lat, 95)),
+                     "max": float(lat.max())} if lat.size else {})
     sc.decisions = seen.decisions
     return sc
 
@@ -190,8 +187,10 @@ def _show(sc: CharScore) -> None:
         print("            late: " + " ".join(f"{t} {s:.2f} s" for t, s in sc.late))
 
 
-def run_zh(args: argparse.Namespace, latencies: list[int]) -> int:
-    """``subd bench quality --language zh``: CER against the same model's offline transcript."""
+def run_zh(args: argparse.Namespace, latencies: list[int], streamed: Streamed,
+           checks: tuple[Callable, Callable]) -> int:
+    """``subd bench quality --language zh``: CER against the same model's offline transcript.
+    ``streamed``: quality's streamed run; ``checks``: its --update-ms and --set parsers."""
     from subd.script import check_language, default_model
 
     language = check_language(args.language, "--language")
@@ -207,11 +206,10 @@ def run_zh(args: argparse.Namespace, latencies: list[int]) -> int:
                         f"{', '.join(ZH_SETS)}")
     if args.synthetic or args.repeats != 1 or args.max_clips:
         raise UserError("--synthetic, --repeats and --max-clips are for the English sets")
-    from subd.bench import quality
     from subd.models.engine import WhisperEngine
 
-    quality.update_ms(args)  # a bad value fails before any run
-    quality.recognizer_overrides(args.overrides)
+    checks[0](args)  # a bad --update-ms fails before any run
+    checks[1](args.overrides)  # ... and a bad --set
     sets = [build_zh_set(n, ZH_SETS[n]) for n in names]
     engine = WhisperEngine.load(args.model, quantize=True)  # as subd transcribe on this CPU
     results: dict[str, dict[str, CharScore]] = {}
@@ -221,7 +219,7 @@ def run_zh(args: argparse.Namespace, latencies: list[int]) -> int:
         res = {"offline": offline_zh(cset, engine, language)}
         print(_row("offline", res["offline"], None), flush=True)
         for d in latencies:
-            res[f"{d}"] = stream_zh(cset, d, args)
+            res[f"{d}"] = stream_zh(cset, d, args, streamed)
             print(_row(f"{d}", res[f"{d}"], res["offline"]), flush=True)
         results[cset.name] = res
     print(f"\n  D (ms)      CER  errors  vs offline  late  lat p50 p95  max (s)"
