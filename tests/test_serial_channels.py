@@ -205,3 +205,24 @@ def test_a_channel_alone_on_the_shared_recogniser_is_planned_as_one_on_its_own()
         return first
 
     assert asyncio.run(main()) == [True, False]  # alone: full input first; with c0: cut first
+
+
+def test_bench_serial_times_updates_in_the_daemons_own_recogniser_process(capsys):
+    """``--update-ms ''``: the updates run in the recogniser process ``subd run`` starts
+    (ProcessWorker over the MultiplexHost, audio in shared memory) and last their CPU time
+    there on the held fake clock: words are shown at D, and the line gives each kind's own
+    run as measured there (a cut update takes real work: not 0, not a modelled constant)."""
+    from subd.cli import main
+
+    assert main(["bench", "serial", "--streams", "2", "--duration-s", "6", "--ramp-s", "1",
+                 "--update-ms", ""]) == 0
+    out = capsys.readouterr().out.strip().splitlines()
+    assert "daemon's recogniser process" in out[0]
+    line = out[-1]
+    assert int(line.split(" words=")[1].split()[0]) >= 20
+    assert "deadline misses 0, fallbacks 0" in line
+    cut_p50, cut_p90 = (float(x) for x in
+                        line.split("own run p50/p90 cut ")[1].split(" ms")[0].split("/"))
+    assert 20 <= cut_p50 <= cut_p90
+    p50 = float(line.split("visible p50/p95/max ")[1].split("/")[0])
+    assert 2000 <= p50 <= 2100

@@ -81,6 +81,9 @@ class RecogniseResult:
     # the model ran (False: a window without speech, or too little new audio): only such
     # updates tell what an update costs (subd.pipeline.deadline)
     decoded: bool = True
+    # CPU time the update took in the recogniser's thread (duration_ns less the time other
+    # processes held the core): what ``subd bench serial --update-ms ''`` lets it last
+    cpu_ns: int = 0
 
 
 class RecogniserHost:
@@ -125,7 +128,7 @@ class RecogniserHost:
         return lost
 
     def handle(self, request: Any) -> RecogniseResult:
-        t_ns = time.monotonic_ns()
+        t_ns, cpu_ns = time.monotonic_ns(), time.thread_time_ns()
         n_decodes = getattr(self.recognizer, "n_decodes", None)
         lost = self._accept_until(request.end_sample)
         if isinstance(request, FinishRequest):
@@ -137,7 +140,7 @@ class RecogniserHost:
             hyp = self.recognizer.update()
         decoded = n_decodes is None or self.recognizer.n_decodes != n_decodes
         return RecogniseResult(hyp, self.accepted_sample, time.monotonic_ns() - t_ns, lost,
-                               decoded)
+                               decoded, time.thread_time_ns() - cpu_ns)
 
     def close(self) -> None:
         self.history.close()
