@@ -12,6 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from subd.workers.process import settle_heap
+
 
 @dataclass(frozen=True, slots=True)
 class Attach:
@@ -47,19 +49,22 @@ class MultiplexHost:
                 raise KeyError(f"channel {request.channel!r} is not attached")
             return host.handle(request.request)
         if isinstance(request, Attach):
-            self._close(request.channel)
+            dropped = self._close(request.channel)
             self.hosts[request.channel] = request.host.build()
+            settle_heap(dropped)  # the channel's host lives as long as the channel
             return True
         if isinstance(request, Detach):
-            self._close(request.channel)
+            settle_heap(self._close(request.channel))
             return True
         raise TypeError(f"unexpected request {type(request).__name__}")
 
-    def _close(self, channel: str) -> None:
+    def _close(self, channel: str) -> bool:
+        """Let the channel's host go; whether there was one."""
         host = self.hosts.pop(channel, None)
         close = getattr(host, "close", None)
         if close is not None:
             close()
+        return host is not None
 
     def close(self) -> None:
         for channel in list(self.hosts):
