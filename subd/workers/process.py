@@ -65,19 +65,24 @@ def _heap_trimmer(every_ns: int = TRIM_EVERY_NS, trim: Callable[[int], Any] | No
 _IN_STAGE_PROCESS = False  # set in a worker process (the daemon's own heap is GcPacer's)
 
 
-def settle_heap(dropped: bool = False) -> None:
-    """In a stage process, after its long-lived objects were built (a model, a channel's
-    host): collect once and freeze what is left, so that CPython's full collections no longer
-    walk it. The tagger process holds ~170k tracked objects with 4 channels attached, and a
-    full pass over them took 80 ms on an idle core (286 ms under load, subd run with 4 file
-    channels): the tag pass it fell into overran 2 ticks, and the tick fell back. ``dropped``:
-    a host was let go; its objects are unfrozen first so they can be freed (nothing leaks).
-    Elsewhere (an inline worker in the daemon's process) it does nothing."""
+def settle_heap(dropped: bool = False, collect: bool = False) -> None:
+    """In a stage process, after long-lived objects were built (the model, a channel's host):
+    freeze what is alive, so that CPython's full collections no longer walk it. The tagger
+    process holds ~170k tracked objects with 4 channels attached, and a full pass over them
+    took 80 ms on an idle core (286 ms under load, subd run with 4 file channels): the tag pass
+    it fell into overran 2 ticks, and the tick fell back. ``collect``: collect first (the
+    model's load, before any channel is served; a full pass while channels are served would
+    be the stall this avoids, so an attached host is frozen as it is, with what little
+    garbage is young then). ``dropped``: a host was let go: everything is unfrozen, collected
+    (its objects freed, nothing leaks) and frozen again, once per channel that leaves.
+    Elsewhere (an inline worker in the daemon's own process, whose heap GcPacer paces) it
+    does nothing."""
     if not _IN_STAGE_PROCESS:
         return
     if dropped:
         gc.unfreeze()
-    gc.collect()
+    if dropped or collect:
+        gc.collect()
     gc.freeze()
 
 
@@ -116,7 +121,7 @@ def _worker_main(conn: Connection, host_spec: FactorySpec, nice: int) -> None:
         return
     global _IN_STAGE_PROCESS
     _IN_STAGE_PROCESS = True
-    settle_heap()  # the model, loaded once
+    settle_heap(collect=True)  # the model, loaded once
     conn.send(("ready", os.getpid()))
     trim_heap = _heap_trimmer()
     try:
