@@ -13,8 +13,7 @@ D through the scheduler and tick clock; how long an update takes moves the decis
 The same engine transcribes the set offline (``subd transcribe``'s path). Per run: WER; F1 of
 '.', ',' and '?' on aligned words against the book's punctuation (clips without one count for
 WER, drops and latency only); dropped spans (3+ reference words in a row missing); full stops
-inside sentences; committed latency as seen (first tick showing it committed - its end).
-"""
+inside sentences (at a ';' apart); committed latency as seen (first tick showing it - its end)."""
 
 from __future__ import annotations
 
@@ -258,7 +257,8 @@ def stream_runs(sset: SpeechSet, latency_ms: int, args) -> RunScore:
     worst = max(runs, key=lambda r: (len(r.dropped), r.stops_inside))
     out = RunScore(float(np.mean([r.wer_pct for r in runs])),
                    {k: float(np.mean([r.f1[k] for r in runs])) for k in runs[0].f1},
-                   worst.dropped, max(r.stops_inside for r in runs), text=runs[0].text)
+                   worst.dropped, max(r.stops_inside for r in runs),
+                   max(r.stops_at_semicolon for r in runs), text=runs[0].text)
     lat = np.concatenate([r.latency_samples for r in runs])
     out.latency_s = _latency(lat)
     out.wer_runs = [r.wer_pct for r in runs]
@@ -306,6 +306,7 @@ def _row(name: str, sc: RunScore) -> str:
                 else "    -     -     -")
     return (f"  {name:>8s}  {sc.wer_pct:5.1f}  {sc.f1['.']:4.2f} {sc.f1[',']:4.2f} "
             f"{sc.f1['?']:4.2f}  {len(sc.dropped):3d}  {sc.stops_inside:3d}  {lat_text}"
+            + (f"  ({sc.stops_at_semicolon} more at a ';')" if sc.stops_at_semicolon else "")
             + (f"  (WER runs {' '.join(f'{w:.1f}' for w in sc.wer_runs)})" if sc.wer_runs
                else ""))
 
