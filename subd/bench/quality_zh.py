@@ -90,7 +90,7 @@ def simplified(text: str) -> str:
 class Decision:
     """One recogniser update that committed characters."""
 
-    at_ns: int  # when its result was in (stream time)
+    at_ns: int  # when its result was in (stream time once stream_zh took the stream's t0)
     full_span: bool | None  # Whisper's full input, the cut span; None: not known (--pace real)
     chars: tuple[tuple[str, int], ...]  # (text, right context ns: heard after its end)
 
@@ -99,10 +99,9 @@ class Decisions:
     """Pipeline observer: each committed word as published (as quality's _Seen records it), and
     each update's committed characters with the audio heard after them."""
 
-    def __init__(self, t0_ns: int = 0) -> None:
+    def __init__(self) -> None:
         self.words: list[tuple[str, None, int, int]] = []  # (text with mark, -, end, sent ns)
         self.recogniser = None  # quality.CpuTimed, set by --pace cpu: the kind of each update
-        self.t0_ns = t0_ns
         self.decisions: list[Decision] = []
 
     def on_hypothesis(self, result, now_ns: int) -> None:
@@ -111,7 +110,7 @@ class Decisions:
             return
         kinds = getattr(self.recogniser, "kinds", None)
         self.decisions.append(Decision(
-            now_ns - self.t0_ns, kinds[-1] if kinds else None,
+            now_ns, kinds[-1] if kinds else None,
             tuple((w.text, hyp.audio_end_ns - w.end_ns) for w in hyp.committed)))
 
     def on_publish(self, state, sent_ns: int) -> None:
