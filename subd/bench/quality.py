@@ -2,9 +2,8 @@
 
 Audio: real speech with exact transcripts (subd.bench.quality_sets), split once into a DEVELOPMENT
 set (what policies are tuned on) and a HELD-OUT set (never tuned on), reported side by side;
-``--synthetic`` adds espeak-ng speech; ``--language zh``: Mandarin sets, scored by CER
-(subd.bench.quality_zh). A set is one stream (0.75 s of silence between clips), streamed once per
-D through the scheduler and tick clock; how long an update takes moves the decisions:
+``--synthetic`` adds espeak-ng speech; ``--language zh``: Mandarin sets by CER (quality_zh). A set
+is one stream (clips 0.75 s apart), streamed once per D; an update's duration moves decisions:
 * ``--pace real`` (default): ``subd stream``'s daemon at real time. Honest on a quiet machine;
   on a shared one, other work slows the updates and the figures show that machine, not subd.
 * ``--pace cpu``: the same stages on a fake clock, each update and tag pass lasting the CPU time
