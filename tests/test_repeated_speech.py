@@ -2,10 +2,12 @@
 
 espeak-ng says "we will not go back" four times (once, then three times after "say it
 again"). `subd transcribe` writes all four. `subd stream` committed three (2026-12-02): the
-copies at 3.7, 6.5 and 9.4 s, none in the 1.6 s of speech between 7.8 and 9.4 s. Not traced
-yet; the first suspect is the forced committed prefix ("...we will not go back,"), after which
-a decode may read one copy where two are left. Chants, refrains and repeated slogans are real
-live speech: xfail until every copy is kept.
+copies at 3.7, 6.5 and 9.4 s, none in the 1.6 s of speech between 7.8 and 9.4 s. On the fake
+clock (one core's costs, 450 / 140 ms) it is the same at D = 2 s (full input), with the forced
+committed prefix and without it; at D = 1 s (cut span) all four are kept. The decode at 8.9 s
+read the missing copy as tentative; the decodes after it, with both copies heard, read one
+"We will not go back." and the alignment put it on the later copy. Chants, refrains and repeated
+slogans are real live speech: xfail until every copy is kept.
 """
 
 from __future__ import annotations
