@@ -31,6 +31,7 @@ import pysrt
 import pytest
 import soundfile as sf
 
+from subd.bench.quality_zh import simplified
 from subd.clock import FakeClock
 from subd.history import AudioHistory
 from subd.layout.cjk import line_faults
@@ -70,9 +71,6 @@ pytestmark = pytest.mark.skipif(
     reason="espeak-ng, sox and opencc are needed")
 
 
-def simplified(text: str) -> str:
-    return subprocess.run(["opencc", "-c", "t2s.json"], input=text, capture_output=True,
-                          text=True, check=True).stdout.strip()
 
 
 @pytest.fixture(scope="module")

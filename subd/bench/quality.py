@@ -24,7 +24,16 @@ from pathlib import Path
 
 import numpy as np
 
-from subd.bench.quality_sets import SETS, RunScore, SpeechSet, build_set, score_words, synthetic_set
+from subd.bench.quality_sets import (
+    SETS,
+    Published,
+    RunScore,
+    SpeechSet,
+    build_set,
+    latency_summary,
+    score_words,
+    synthetic_set,
+)
 from subd.bench.quality_zh import run_zh
 from subd.errors import UserError
 
@@ -72,20 +81,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 # ---- runs -------------------------------------------------------------------------------------
 
 
-class _Seen:
-    """Pipeline observer: each committed word as published, with its publication time."""
-
-    def __init__(self) -> None:
-        self.words: list[tuple[str, None, int, int]] = []  # (text with mark, -, end, sent ns)
-
-    def on_hypothesis(self, result, now_ns: int) -> None:
-        pass
-
-    def on_publish(self, state, sent_ns: int) -> None:
-        for tw in state.committed:  # untagged words keep their mark in the text ("them.")
-            self.words.append((tw.text + tw.punct, None, tw.word.end_ns, sent_ns))
-
-
 async def _stream(sset: SpeechSet, latency_ms: int, args, seen=None) -> tuple[list, int]:
     import dataclasses
 
@@ -98,7 +93,7 @@ async def _stream(sset: SpeechSet, latency_ms: int, args, seen=None) -> tuple[li
                                                      language=args.language),
                       pipeline=dataclasses.replace(cfg.pipeline, tagger=args.tagger))
     source = FileSource(sset.audio, jitter_ms=0, name=sset.name)
-    seen = _Seen() if seen is None else seen
+    seen = Published() if seen is None else seen
     daemon = Daemon(cfg, source, sinks=[], observer=seen)
     await daemon.run()
     return seen.words, source.t0_ns
@@ -160,7 +155,7 @@ async def _stream_cpu(sset: SpeechSet, latency_ms: int, args, seen=None) -> tupl
     # the dev set at D = 2 s: 5 ms; p50 2.5 ms): its CPU time on a busy machine moved the
     # recogniser's decisions, so one run of the same code gave other figures than the next
     tag = CpuTimed(TagHost(tagger), fixed_ns=TAG_MODEL_NS if rec.update_ns else None)
-    seen = _Seen() if seen is None else seen
+    seen = Published() if seen is None else seen
     seen.recogniser = rec  # subd.bench.quality_zh reads the kind of each update
     settings = TickSettings(fps=cfg.tick.fps, latency_ms=latency_ms,
                             lookahead_ms=cfg.tick.lookahead_ms,
@@ -259,16 +254,9 @@ def stream_runs(sset: SpeechSet, latency_ms: int, args) -> RunScore:
                    worst.dropped, max(r.stops_inside for r in runs),
                    max(r.stops_at_semicolon for r in runs), text=runs[0].text)
     lat = np.concatenate([r.latency_samples for r in runs])
-    out.latency_s = _latency(lat)
+    out.latency_s = latency_summary(lat)
     out.wer_runs = [r.wer_pct for r in runs]
     return out
-
-
-def _latency(lat: np.ndarray) -> dict[str, float]:
-    if not lat.size:
-        return {}
-    return {"p50": float(np.percentile(lat, 50)), "p95": float(np.percentile(lat, 95)),
-            "max": float(lat.max())}
 
 
 def streamed(sset, latency_ms: int, args, seen=None) -> tuple[list, int]:
@@ -285,7 +273,7 @@ def stream_run(sset: SpeechSet, latency_ms: int, args) -> RunScore:
     words, t0_ns = streamed(sset, latency_ms, args)
     sc = score_words(sset, [(t, p) for t, p, _, _ in words])
     lat = np.array([(sent - t0_ns - end) / 1e9 for _, _, end, sent in words])
-    sc.latency_s = _latency(lat)
+    sc.latency_s = latency_summary(lat)
     sc.latency_samples = lat
     return sc
 
@@ -317,8 +305,10 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"--latencies {args.latencies!r}: e.g. 1000,2000") from None
     if not latencies or any(not 300 <= d <= 20_000 for d in latencies):
         raise UserError(f"--latencies {args.latencies!r}: each D must be in 300..20000 ms")
-    if args.language != "en":  # update_ms, recognizer_overrides: a bad value fails first
-        return run_zh(args, latencies, streamed, (update_ms, recognizer_overrides))
+    update_ms(args)  # a bad --update-ms or --set fails before any run
+    recognizer_overrides(args.overrides)
+    if args.language != "en":
+        return run_zh(args, latencies, streamed)
     names = [s.strip() for s in args.sets.split(",") if s.strip()]
     if not names or any(n not in SETS for n in names):
         raise UserError(f"--sets {args.sets!r}: choose from {', '.join(SETS)}")
@@ -329,10 +319,8 @@ def run(args: argparse.Namespace) -> int:
     if (args.overrides or args.update_ms) and args.pace != "cpu":
         raise UserError("--set and --update-ms work with --pace cpu (the daemon takes "
                         "config.toml and runs at its own speed)")
-    update_ms(args)  # a bad value fails before any run
     if args.min_update_ms is not None:
         cadence_ms(args, 2000, 150)  # a bad value fails before any run
-    recognizer_overrides(args.overrides)  # a bad option fails before any run
     sets = [build_set(n, SETS[n][:args.max_clips or None]) for n in names]
     if args.synthetic:
         sets.append(synthetic_set())

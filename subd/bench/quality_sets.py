@@ -84,19 +84,27 @@ def _clip(key: str) -> ClipRef:
     return ClipRef(key, load_audio(path), words, marks)
 
 
-def _speech_clip(key: str, clip: str) -> ClipRef:
-    from subd.sources.decode import load_audio
-
+def speech_table() -> dict[str, tuple[str, str, str]]:
+    """data/speech/transcripts.tsv: clip name (no .wav) -> (language, punctuated, text)."""
     table = SPEECH / "transcripts.tsv"
     if not table.exists():
         raise UserError(f"{SPEECH}: the repository's speech clips are missing (run subd bench "
                         "quality from a checkout: pip install -e .)")
+    rows = {}
     for line in table.read_text(encoding="utf-8").splitlines()[1:]:
-        name, _lang, punctuated, text = line.split("\t")
-        if name == f"{clip}.wav":
-            break
-    else:
-        raise UserError(f"{table}: no clip {clip}")
+        name, lang, punctuated, text = line.split("\t")
+        rows[name.removesuffix(".wav")] = (lang, punctuated, text)
+    return rows
+
+
+def _speech_clip(key: str, clip: str) -> ClipRef:
+    from subd.sources.decode import load_audio
+
+    row = speech_table().get(clip)
+    if row is None:
+        raise UserError(f"{SPEECH / 'transcripts.tsv'}: no clip {clip}")
+    _lang, punctuated, text = row
+    name = f"{clip}.wav"
     words = tuple(normalise(text))
     marks = None
     if punctuated == "yes":
@@ -192,6 +200,28 @@ def _dropped_spans(ref: list[str], deleted: list[bool]) -> list[str]:
             spans.append(" ".join(run))
         run = []
     return spans
+
+
+class Published:
+    """Pipeline observer: each committed word as published, with its publication time."""
+
+    def __init__(self) -> None:
+        self.words: list[tuple[str, None, int, int]] = []  # (text with mark, -, end, sent ns)
+
+    def on_hypothesis(self, result, now_ns: int) -> None:
+        pass
+
+    def on_publish(self, state, sent_ns: int) -> None:
+        for tw in state.committed:  # untagged words keep their mark in the text ("them.")
+            self.words.append((tw.text + tw.punct, None, tw.word.end_ns, sent_ns))
+
+
+def latency_summary(lat: np.ndarray) -> dict[str, float]:
+    """p50, p95 and max of latencies in seconds ({} for none)."""
+    if not lat.size:
+        return {}
+    return {"p50": float(np.percentile(lat, 50)), "p95": float(np.percentile(lat, 95)),
+            "max": float(lat.max())}
 
 
 @dataclass

@@ -33,7 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
-from subd.bench.quality_sets import GAP_S, SPEECH
+from subd.bench.quality_sets import GAP_S, SPEECH, Published, latency_summary, speech_table
 from subd.errors import UserError
 
 ZH_DEV_CLIPS = ("aishell-bac009s0764w0121", "aishell-bac009s0764w0122",
@@ -60,21 +60,14 @@ class CharSet:
 def build_zh_set(name: str, keys: tuple[str, ...]) -> CharSet:
     from subd.sources.decode import load_audio
 
-    table = SPEECH / "transcripts.tsv"
-    if not table.exists():
-        raise UserError(f"{SPEECH}: the repository's speech clips are missing (run subd bench "
-                        "quality from a checkout: pip install -e .)")
-    rows = {}
-    for line in table.read_text(encoding="utf-8").splitlines()[1:]:
-        file, lang, _punctuated, text = line.split("\t")
-        rows[file.removesuffix(".wav")] = (lang, text)
+    rows = speech_table()
     gap = np.zeros(int(GAP_S * 16000), np.float32)
     parts, texts = [], []
     for key in keys:
         if key not in rows or rows[key][0] != "zh":
-            raise UserError(f"{table}: no Mandarin clip {key}")
+            raise UserError(f"{SPEECH / 'transcripts.tsv'}: no Mandarin clip {key}")
         parts += [load_audio(SPEECH / f"{key}.wav"), gap]
-        texts.append(rows[key][1])
+        texts.append(rows[key][2])
     return CharSet(name, np.concatenate(parts), "".join(texts), keys)
 
 
@@ -95,12 +88,12 @@ class Decision:
     chars: tuple[tuple[str, int], ...]  # (text, right context ns: heard after its end)
 
 
-class Decisions:
-    """Pipeline observer: each committed word as published (as quality's _Seen records it), and
-    each update's committed characters with the audio heard after them."""
+class Decisions(Published):
+    """Pipeline observer: each committed word as published, and each update's committed
+    characters with the audio heard after them."""
 
     def __init__(self) -> None:
-        self.words: list[tuple[str, None, int, int]] = []  # (text with mark, -, end, sent ns)
+        super().__init__()
         self.recogniser = None  # quality.CpuTimed, set by --pace cpu: the kind of each update
         self.decisions: list[Decision] = []
 
@@ -112,10 +105,6 @@ class Decisions:
         self.decisions.append(Decision(
             now_ns, kinds[-1] if kinds else None,
             tuple((w.text, hyp.audio_end_ns - w.end_ns) for w in hyp.committed)))
-
-    def on_publish(self, state, sent_ns: int) -> None:
-        self.words += [(tw.text + tw.punct, None, tw.word.end_ns, sent_ns)
-                       for tw in state.committed]
 
 
 @dataclass
@@ -136,13 +125,6 @@ class CharScore:
                 **({"errors_runs": self.runs} if self.runs else {})}
 
 
-def _latency(lat: np.ndarray) -> dict[str, float]:
-    if not lat.size:
-        return {}
-    return {"p50": float(np.percentile(lat, 50)), "p95": float(np.percentile(lat, 95)),
-            "max": float(lat.max())}
-
-
 def pooled(scores: list[CharScore]) -> CharScore:
     """Runs of one set pooled: errors over characters of all runs (the mean CER), every late
     character, latency over every run's characters; text and decisions are the first run's."""
@@ -151,7 +133,7 @@ def pooled(scores: list[CharScore]) -> CharScore:
     n_errors, n_chars = sum(s.n_errors for s in scores), sum(s.n_chars for s in scores)
     lat = np.concatenate([s.latency_samples for s in scores])
     return CharScore(n_errors / n_chars, n_errors, n_chars, scores[0].text,
-                     [c for s in scores for c in s.late], _latency(lat), scores[0].decisions,
+                     [c for s in scores for c in s.late], latency_summary(lat), scores[0].decisions,
                      lat, [s.n_errors for s in scores])
 
 
@@ -182,7 +164,7 @@ def stream_zh(cset: CharSet, latency_ms: int, args, streamed: Streamed) -> CharS
     limit_ns = latency_ms * 1_000_000 + TICK_GRACE_NS
     sc.late = [(text, (sent - t0_ns - end) / 1e9) for text, _, end, sent in words
                if sent - t0_ns - end > limit_ns]
-    sc.latency_s, sc.latency_samples = _latency(lat), lat
+    sc.latency_s, sc.latency_samples = latency_summary(lat), lat
     sc.decisions = seen.decisions
     return sc
 
@@ -219,10 +201,9 @@ def _show(sc: CharScore) -> None:
         print("            late: " + " ".join(f"{t} {s:.2f} s" for t, s in sc.late))
 
 
-def run_zh(args: argparse.Namespace, latencies: list[int], streamed: Streamed,
-           checks: tuple[Callable, Callable]) -> int:
+def run_zh(args: argparse.Namespace, latencies: list[int], streamed: Streamed) -> int:
     """``subd bench quality --language zh``: CER against the same model's offline transcript.
-    ``streamed``: quality's streamed run; ``checks``: its --update-ms and --set parsers."""
+    ``streamed``: quality's streamed run (quality checked --update-ms and --set already)."""
     from subd.script import check_language, default_model
 
     language = check_language(args.language, "--language")
@@ -242,8 +223,6 @@ def run_zh(args: argparse.Namespace, latencies: list[int], streamed: Streamed,
         raise UserError("--repeats must be in 1..20")
     from subd.models.engine import WhisperEngine
 
-    checks[0](args)  # a bad --update-ms fails before any run
-    checks[1](args.overrides)  # ... and a bad --set
     sets = [build_zh_set(n, ZH_SETS[n]) for n in names]
     engine = WhisperEngine.load(args.model, quantize=True)  # as subd transcribe on this CPU
     results: dict[str, dict[str, CharScore]] = {}
