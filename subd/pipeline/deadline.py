@@ -99,8 +99,8 @@ class UpdatePlanner:
         if span not in SPANS:
             raise ValueError(f"encoder span {span!r}: one of {', '.join(SPANS)}")
         self.span = span
-        # the recogniser serves other channels too (see _probe_due): fixed, or asked each time
-        self.shared = shared
+        # the recogniser serves other channels too (see _probe_due): asked at each probe
+        self.shared: Callable[[], bool] = shared if callable(shared) else (lambda: shared)
         self.min_update_ms = min_update_ms
         self._costs = {kind: collections.deque(maxlen=UPDATE_COSTS_KEPT)
                        for kind in (False, True)}
@@ -198,8 +198,7 @@ class UpdatePlanner:
         core each probed the full input first, each probe holding the three others' updates
         back by its 0.45 s (subd bench serial --update-ms 600,190: 35 of 41 late words were in
         a channel's first 9 s)."""
-        shared = self.shared() if callable(self.shared) else self.shared
-        for kind in ((False, True) if shared else (True, False)):
+        for kind in ((False, True) if self.shared() else (True, False)):
             last = self._last_measured[kind]
             if last is None and kind == measuring:
                 continue
