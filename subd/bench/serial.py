@@ -26,6 +26,7 @@ round trips, deadline misses and fallbacks. Served: 0 misses, 0 fallbacks, p95 w
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from pathlib import Path
 
 import numpy as np
@@ -78,8 +79,6 @@ class _InProcess:
         self.busy_since_ns = None
 
     async def call(self, request, now_ns: int = 0):
-        import dataclasses
-
         self.clock.free.clear()
         try:
             result = await self.worker.call(request, now_ns)
@@ -183,11 +182,12 @@ async def simulate(n: int, library: np.ndarray, args, cfg, files: list | None = 
 
     async def channel(i: int) -> None:
         await clock.sleep_until(t0_ns + int(i * args.ramp_s * 1e9 / max(n, 1)))
-        a = int(rng.integers(0, len(library)))
-        audio = np.concatenate([library, library])[a : a + n_samples]
+        a = int(rng.integers(0, len(library)))  # drawn either way: the same offsets per seed
         if files:  # as a daemon's looping file channels: the file again and again, from its start
             clip = files[i % len(files)]
             audio = np.tile(clip, n_samples // len(clip) + 1)[:n_samples]
+        else:
+            audio = np.concatenate([library, library])[a : a + n_samples]
         history = AudioHistory(rec_cfg.history_s * SAMPLE_RATE_HZ, shared=process)
         histories.append(history)
         where = {"history_name": history.shm_name} if process else {"history": history}
