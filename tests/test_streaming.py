@@ -264,3 +264,32 @@ def test_a_decodes_marks_close_the_word_before_them_and_symbols_stay_words():
     words = hypothesis_words(timed(" .", " rock", " &", " roll", " ?", " 50", "%"), 10**9)
     assert [w.text for w in words] == ["rock", "&", "roll?", "50%"]
     assert words[0].start_ns == 10**9 + 300_000_000  # times stay each word's own
+
+
+def test_a_committed_word_the_window_start_cuts_is_the_prompts_last_word(int8_engine):
+    """A window that starts inside a committed word (after a stall it starts 0.2 s before the
+    commit point) gets that word in its prompt: it is no prefix word (those start inside the
+    window), and a prompt without it ended "... is to be" where the speaker had closed the
+    sentence with "ill-disposed.": Whisper went on in lower case without commas."""
+    from subd.types import Word
+
+    seen = []
+
+    class Recording:
+        tokenizer = int8_engine.tokenizer
+
+        def transcribe_window(self, audio, prompt=None, policy=None, **kwargs):
+            seen.append((prompt, kwargs.get("prefix", ())))
+            return int8_engine.transcribe_window(audio, prompt, policy, **kwargs)
+
+    rec = StreamingRecognizer(engine=Recording())
+    s = 1_000_000_000
+    rec.state.committed = [Word("is", 12 * s, 12_300_000_000), Word("to", 12_300_000_000, 13 * s),
+                           Word("be", 13 * s, 13_400_000_000),
+                           Word("ill-disposed.", 13_400_000_000, 14_200_000_000)]
+    rec.state.committed_end_ns = 14_200_000_000
+    rec.state.window_start = 14 * SAMPLE_RATE_HZ  # inside "ill-disposed."
+    rec._decode(np.zeros(2 * SAMPLE_RATE_HZ, np.float32))
+    prompt, prefix = seen[0]
+    assert int8_engine.tokenizer.decode(prompt) == " is to be ill-disposed."
+    assert prefix == ()
