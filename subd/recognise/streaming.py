@@ -258,13 +258,9 @@ class StreamingRecognizer:
     def _decode(self, window: np.ndarray, span: EncoderSpan | None = None) -> list[Word]:
         st = self.state
         prompt = None
-        # context = committed words that start before the window: words inside it are in its
-        # audio, and a prompt that already holds them makes Whisper skip them (lost words). A
-        # word the window start cuts belongs here too: it is neither prompt nor prefix otherwise,
-        # and after a stall (a window 0.2 s before the commit point) the prompt ended
-        # "... is to be" without its "ill-disposed.": Whisper read the cut word's tail as
-        # "most," and went on in lower case without commas ("had he married a more amiable
-        # woman he might"), and the forced prefix kept that style to the sentence's end
+        # context = committed words that start before the window (a prompt holding words of its
+        # audio makes Whisper skip them), the one its start cuts too: without "ill-disposed."
+        # Whisper went on in lower case without commas ("had he married a more amiable woman he")
         window_start_ns = samples_to_ns(st.window_start)
         before = [w for w in st.committed[-PROMPT_WORDS:] if w.start_ns < window_start_ns]
         if before:
