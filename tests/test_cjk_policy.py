@@ -7,7 +7,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from subd.recognise.cjk_policy import DEADLINE_GUARD_MS, policy_for
+from subd.models.engine import DEFAULT_POLICY
+from subd.recognise.cjk_policy import DEADLINE_GUARD_MS, fallback_for, policy_for
 from subd.recognise.commit import decide
 from subd.recognise.language import LanguageTracker
 from subd.recognise.streaming import StreamingConfig
@@ -68,6 +69,51 @@ def test_a_due_character_is_decided_once_two_characters_were_heard_after_it():
     assert policy_for(config, "zh").agree_guard_ms == 5000
 
 
+def test_a_chinese_decode_with_speech_after_the_commit_point_is_never_dropped_as_silence():
+    """Deadline mode: base said "no speech" (probability 0.61-0.77, mean log-probability under
+    -1) for cut windows in mid-sentence of espeak-ng's voice; the decode was dropped, taken for a
+    stall and redone at temperature 0.6 from mid-word ("猫, 你 can't poop"). Where the VAD heard
+    speech after the commit point, a Chinese decode is greedy and not dropped as silence."""
+    speech = fallback_for(DEFAULT_POLICY, "zh", True, lambda: True)
+    assert speech.temperatures == (0.0,) and speech.no_speech_threshold >= 1.0
+    # no speech after the commit point: Whisper's rule still drops a decode of the silence
+    quiet = fallback_for(DEFAULT_POLICY, "ja", True, lambda: False)
+    assert quiet.temperatures == (0.0,) and quiet.no_speech_threshold == 0.6
+    # English, other languages and agreement mode keep the policy, and the VAD is not asked
+    for language, deadline in (("en", True), (None, True), ("fr", True), ("zh", False)):
+        assert fallback_for(DEFAULT_POLICY, language, deadline, lambda: 1 / 0) is DEFAULT_POLICY
+
+
+@pytest.mark.parametrize(("language", "dropped_as_silence"), [("zh", False), ("en", True)])
+def test_the_recogniser_decodes_with_the_languages_policy(language, dropped_as_silence):
+    """The streaming recogniser asks Whisper with the policy of its language: in deadline mode,
+    a Chinese decode of speech is kept whatever Whisper's no-speech probability."""
+    from subd.models.decoding import DecodeResult
+    from subd.models.engine import WindowResult
+    from subd.recognise.streaming import StreamingRecognizer
+    from subd.types import AudioChunk
+
+    class Unsure:  # Whisper unsure of the speech: no-speech 0.7, mean log-probability -1.5
+        tokenizer = None
+
+        def __init__(self):
+            self.policies = []
+
+        def transcribe_window(self, audio, prompt=None, policy=None, **_):
+            self.policies.append(policy)
+            decode = DecodeResult((), -30.0, -1.5, 0.7, 0.0, 1.0, False)
+            return WindowResult(decode, (), not (decode.no_speech_prob > policy.no_speech_threshold
+                                                 and decode.avg_logprob < policy.logprob_threshold))
+
+    engine = Unsure()
+    rec = StreamingRecognizer("base", engine=engine, language=language, vad=False)
+    rec.accept(AudioChunk(0, np.zeros(32000, np.float32)))
+    rec.update(commit_until_ns=0)
+    policy = engine.policies[-1]
+    silent = policy.no_speech_threshold < 0.7 and policy.logprob_threshold > -1.5
+    assert silent == dropped_as_silence
+
+
 def test_language_tracker_applies_the_policy_once_the_language_is_named():
     class Engine:  # identification only: Whisper's language probabilities for the window
         class tokenizer:
@@ -82,6 +128,7 @@ def test_language_tracker_applies_the_policy_once_the_language_is_named():
     assert tracker.policy(config) is config  # not named yet: as configured
     assert tracker.resolve(np.zeros(16000, np.float32), None) == "zh"
     assert not tracker.policy(config).force_committed_prefix
+    assert tracker.fallback(DEFAULT_POLICY, True, lambda: True).no_speech_threshold >= 1.0
 
 
 def test_cer_reads_digits_as_chinese_numerals_in_both_texts():

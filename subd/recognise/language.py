@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from subd.recognise.cjk_policy import policy_for
+from subd.recognise.cjk_policy import fallback_for, policy_for
 from subd.script import AUTO, check_language
 
 
@@ -74,6 +74,11 @@ class LanguageTracker:
         """The recogniser's ``config`` as applied to this language (Chinese and Japanese commit
         by utterance, without a forced prefix: subd.recognise.cjk_policy)."""
         return policy_for(config, self.choice.language, deadline_mode)
+
+    def fallback(self, policy, deadline_mode: bool, speech_after_commit):
+        """The decode's ``policy`` (a models.engine.FallbackPolicy) as applied to this language
+        (subd.recognise.cjk_policy.fallback_for)."""
+        return fallback_for(policy, self.choice.language, deadline_mode, speech_after_commit)
 
     def resolve(self, window, vad, sample_rate_hz: int = 16_000) -> str | None:
         """The language to decode ``window`` (float32 [n]) in; None: "auto" has not heard enough

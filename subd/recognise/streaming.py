@@ -273,7 +273,9 @@ class StreamingRecognizer:
             text = tok.encode(prompt_text([w.text for w in inside]))
             prefix = (tok.special.timestamp_begin, *text)
         # after a stall (see _trim) the decode from the commit point may fall back, as offline
-        policy = DEFAULT_POLICY if self.config.temperature_fallback or st.stalled else GREEDY_POLICY
+        policy = self.languages.fallback(  # (not CJK in deadline mode: cjk_policy.fallback_for)
+            DEFAULT_POLICY if self.config.temperature_fallback or st.stalled else GREEDY_POLICY,
+            self.deadline_mode, self._speech_after_commit_point)
         budget = TOKENS_BASE + TOKENS_PER_S * len(window) // SAMPLE_RATE_HZ - len(prefix)
         options = replace(DEFAULT_OPTIONS, max_new_tokens=max(TOKENS_BASE, budget))
         result = transcribe_unlooped(
