@@ -258,9 +258,8 @@ class StreamingRecognizer:
     def _decode(self, window: np.ndarray, span: EncoderSpan | None = None) -> list[Word]:
         st = self.state
         prompt = None
-        # context = committed words that start before the window (a prompt holding words of its
-        # audio makes Whisper skip them), the one its start cuts too: without "ill-disposed."
-        # Whisper went on in lower case without commas ("had he married a more amiable woman he")
+        # prompt: committed words starting before the window (its own words make Whisper skip
+        # them), the one it cuts too (without it, "ill-disposed. had he married a ... woman he")
         window_start_ns = samples_to_ns(st.window_start)
         before = [w for w in st.committed[-PROMPT_WORDS:] if w.start_ns < window_start_ns]
         if before:
@@ -272,8 +271,8 @@ class StreamingRecognizer:
             tok = self.engine.tokenizer
             text = tok.encode(prompt_text([w.text for w in inside]))
             prefix = (tok.special.timestamp_begin, *text)
-        # after a stall (see _trim) the decode from the commit point may fall back, as offline
-        policy = self.languages.fallback(  # (not CJK in deadline mode: cjk_policy.fallback_for)
+        # after a stall (_trim) it may fall back, as offline (CJK deadline mode: fallback_for)
+        policy = self.languages.fallback(
             DEFAULT_POLICY if self.config.temperature_fallback or st.stalled else GREEDY_POLICY,
             self.deadline_mode, self._speech_after_commit_point)
         budget = TOKENS_BASE + TOKENS_PER_S * len(window) // SAMPLE_RATE_HZ - len(prefix)
