@@ -42,10 +42,21 @@ async def lines_when(cdp, wanted: str, timeout_s: float = 40) -> list[str]:
 async def fonts_of(cdp, selector: str) -> list[str]:
     await cdp.call("DOM.enable")
     await cdp.call("CSS.enable")
-    root = await cdp.call("DOM.getDocument")
-    node = await cdp.call("DOM.querySelector", nodeId=root["root"]["nodeId"], selector=selector)
-    fonts = await cdp.call("CSS.getPlatformFontsForNode", nodeId=node["nodeId"])
-    return [f["familyName"] for f in fonts["fonts"] if f["glyphCount"] > 0]
+    for _ in range(20):
+        # the overlay redraws its lines when a tentative word commits: a node looked up just
+        # before that is gone by the time its fonts are asked for (look it up again)
+        root = await cdp.call("DOM.getDocument")
+        node = await cdp.call("DOM.querySelector", nodeId=root["root"]["nodeId"],
+                              selector=selector)
+        try:
+            fonts = await cdp.call("CSS.getPlatformFontsForNode", nodeId=node["nodeId"])
+        except RuntimeError as e:
+            if "Could not find node" not in str(e):
+                raise
+            await asyncio.sleep(0.1)
+            continue
+        return [f["familyName"] for f in fonts["fonts"] if f["glyphCount"] > 0]
+    raise AssertionError(f"{selector!r} was redrawn at every look-up")
 
 
 def test_overlay_shows_chinese_captions_in_chromium() -> None:

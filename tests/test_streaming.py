@@ -293,3 +293,27 @@ def test_a_committed_word_the_window_start_cuts_is_the_prompts_last_word(int8_en
     prompt, prefix = seen[0]
     assert int8_engine.tokenizer.decode(prompt) == " is to be ill-disposed."
     assert prefix == ()
+
+
+@pytest.mark.parametrize("agreed_by", [2, 1])
+def test_words_committed_for_their_age_keep_the_reading_two_decodes_agreed_on(speech_clips,
+                                                                              agreed_by):
+    """Driven alone: two decodes read a sentence's first words "Unless to", unsure of them, and
+    the third, whose words then reached max_tentative_ms, changed them to "I must". The two
+    outvote it (tiny.en on LibriVox 0880, tests/test_streaming's joined stream). A reading only
+    one decode gave does not."""
+    audio = _voiced(load_audio(speech_clips[0].path), 100)  # 3 s
+    unsure = [("Unless", 1.0, 1.4, 0.1), ("to", 1.4, 1.5, 0.1), ("be", 1.5, 1.7, 0.9)]
+    changed = [("I", 1.0, 1.3, 0.6), ("must", 1.3, 1.5, 0.6), ("be", 1.5, 1.7, 0.9)]
+    other = [("And", 1.0, 1.4, 0.1), ("to", 1.4, 1.5, 0.1), ("be", 1.5, 1.7, 0.9)]
+    scripts = [unsure, unsure] if agreed_by == 2 else [other, unsure]
+    rec = StreamingRecognizer(engine=_ScriptedEngine(*scripts, changed), max_tentative_ms=1000,
+                              unsure_agree_decodes=100, confident_min_probability=1.0)
+    committed = []
+    for end_s in (1.8, 2.0, 2.6):  # at 2.6 s "I" and "must" are over 1 s old
+        end = int(end_s * SAMPLE_RATE_HZ)
+        rec.accept(AudioChunk(rec.audio.end_sample, audio[rec.audio.end_sample : end]))
+        committed += [w.text for w in rec.update().committed]
+    assert committed == (["Unless", "to"] if agreed_by == 2 else ["I", "must"])
+    assert [w.text for w in rec.state.previous] == ["be"]
+

@@ -11,7 +11,8 @@ Two modes, by what the caller knows:
   early (Whisper does not change such a word any more; it keeps the decoded tail short when D is
   long). A pause after the last word commits nothing: the speaker may go on ("ask not. What").
 * **Agreement mode** (no deadline: benchmarks and tools that drive the recogniser alone), as
-  before: LocalAgreement-2 over decodes that heard the word out, bounded by ``max_tentative_ms``.
+  before: LocalAgreement-2 over decodes that heard the word out, bounded by ``max_tentative_ms``
+  (where the last decode changed words two decodes agreed on, their reading commits: voted).
 
 In both modes the window can never overflow (``max_window_ms``: all but the last word commit).
 """
@@ -30,6 +31,7 @@ from subd.types import Word
 NS_PER_MS = 1_000_000
 STACKED_END_MS = 60  # see stacked_tail_cut
 STACKED_MS = 10
+VOTE_SLACK_MS = 100  # word times move by ±100 ms between decodes (DTW)
 
 
 class PolicyConfig(Protocol):
@@ -49,9 +51,10 @@ def norm_word(text: str) -> str:
 
 @dataclass(frozen=True, slots=True)
 class CommitDecision:
-    n_commit: int  # the first n words of the hypothesis commit now
+    n_commit: int  # the first n words of the hypothesis are decided now
     streak: tuple[int, ...]  # per word: decodes in a row that heard it out, same words up to it
     forced_cut: bool  # the window reached max_window_ms
+    words: tuple[Word, ...]  # what commits: those n words, or the reading voted for (voted)
 
 
 def decode_streak(words: Sequence[Word], previous: Sequence[Word],
@@ -109,7 +112,36 @@ def decide(cfg: PolicyConfig, words: Sequence[Word], previous: Sequence[Word],
     forced = window_ms >= cfg.max_window_ms and n < len(words) - 1
     if forced:
         n = len(words) - 1  # never let the window overflow: commit all but the last word
-    return CommitDecision(n, tuple(streak), forced)
+    if commit_until_ns is None and n > agreed:
+        commit, n = voted(words, n, previous, previous_streak, streak)
+        return CommitDecision(n, tuple(streak), forced, tuple(commit))
+    return CommitDecision(n, tuple(streak), forced, tuple(words[:n]))
+
+
+def voted(words: Sequence[Word], n: int, previous: Sequence[Word],
+          previous_streak: Sequence[int], streak: Sequence[int]) -> tuple[list[Word], int]:
+    """Agreement mode: the first ``n`` words commit without agreement (their age, the window's
+    size). Where this decode just changed words that the two decodes before it agreed on (they
+    were unsure of them: Whisper's probability under ``agree_min_probability``), those two
+    readings outvote this one, and the words of theirs that end in the committed span commit
+    instead. tiny.en read a sentence's first words "Unless to" in two decodes (0.07-0.26) and "I
+    must" in the third, whose words then reached max_tentative_ms. Returns the words that commit
+    and how many words of this hypothesis they account for."""
+    k = next((i for i in range(n) if streak[i] == 1), None)
+    if k is None or k >= len(previous) or previous_streak[k] < 2:
+        return list(words[:n]), n
+    limit = words[n - 1].end_ns + VOTE_SLACK_MS * NS_PER_MS
+    j = k
+    while j < len(previous) and previous_streak[j] >= 2 and previous[j].end_ns <= limit:
+        j += 1
+    if j == k:
+        return list(words[:n]), n
+    # the words of this hypothesis that the voted reading covers (timing noise allowed)
+    covered = previous[j - 1].end_ns + VOTE_SLACK_MS * NS_PER_MS
+    m = k
+    while m < n and words[m].end_ns <= covered:
+        m += 1
+    return [*words[:k], *previous[k:j]], m
 
 
 def hypothesis_words(timings: Sequence[WordTiming], offset_ns: int) -> list[Word]:

@@ -12,8 +12,8 @@ alone, LocalAgreement-2 with bounded lag, as follows.
   unsure of, when ``unsure_agree_decodes`` decodes in a row agree; or on its first decode when
   Whisper is sure of it (probability ≥ ``confident_min_probability``, heard out
   ``confident_guard_ms`` before the audio end, another word after it), or when it is older
-  than ``max_tentative_ms`` (bounded latency), or when the voice-activity detector shows a pause
-  of ``pause_commit_ms`` after it (end of an utterance: nothing will change it any more).
+  than ``max_tentative_ms`` (bounded latency: commit.voted), or when the voice-activity
+  detector shows a pause of ``pause_commit_ms`` after it (the utterance has ended).
 * Committed words are never changed or retracted. The window start moves up to the commit point
   once ``trim_after_ms`` of committed audio has built up (``_trim``), so an update's cost stays
   bounded. At ``max_window_ms`` without a commit, all but the last hypothesis word are committed
@@ -307,7 +307,7 @@ class StreamingRecognizer:
         d = decide(self.languages.policy(self.config, self.deadline_mode), words, st.previous,
                    st.previous_streak, samples_to_ns(end), window_ms, commit_until_ns)
         self.n_forced_cuts += d.forced_cut
-        newly = self._take(words[:d.n_commit])
+        newly = self._take(list(d.words))
         st.previous = words[d.n_commit:]
         st.previous_streak = list(d.streak[d.n_commit:])
         if window_ms >= self.config.max_window_ms and not newly and not st.previous:
