@@ -137,3 +137,81 @@ def test_cer_reads_digits_as_chinese_numerals_in_both_texts():
     assert cer("一二线城市", "12 线城市", digits_as_numerals=False) == pytest.approx(2 / 5)
     assert cer("十二个人", "12个人") == pytest.approx(1 / 4)  # a cardinal still differs
     assert cer("２０２６年", "2026年") == 0.0  # full-width digits too
+
+
+class _SpeechAt:
+    """A voice-activity detector that knows where the speech is: [(start s, end s), ...]."""
+
+    def __init__(self, *spans: tuple[float, float]) -> None:
+        self.spans = [(int(a * 16000), int(b * 16000)) for a, b in spans]
+
+    def regions_at(self, audio, first: int, end: int, **_) -> list[tuple[int, int]]:
+        return [(max(a, first) - first, min(b, end) - first) for a, b in self.spans
+                if a < end and b > first]
+
+
+def test_a_pause_alone_commits_english_and_a_pause_that_speech_follows_commits_chinese():
+    """settle.utterance_end: with no context the pause after the last word counts, up to the
+    audio end (English, as before); with context, only a pause that speech follows, heard for
+    that long, and then the words before it."""
+    from subd.recognise.settle import utterance_end
+
+    words = chars("城市虽然", 0, 500) + chars("广州", 3200, 400)  # 0-2 s, pause, 3.2-4 s
+    vad = _SpeechAt((0.0, 2.0), (3.2, 4.0))
+    # the speaker stopped after the first utterance: English commits it, Chinese waits
+    assert utterance_end(vad, None, words[:4], 0, 3 * 16000, 600) == 4
+    assert utterance_end(vad, None, words[:4], 0, 3 * 16000, 600, 1000) == 0
+    # speech after the pause, heard for 0.5 s: not yet; for 1 s: the utterance before it
+    assert utterance_end(vad, None, words[:4], 0, int(3.7 * 16000), 600, 1000) == 0
+    assert utterance_end(vad, None, words, 0, int(4.2 * 16000), 600, 1000) == 4
+    # English: speech after the last word, no pause there: nothing
+    assert utterance_end(vad, None, words, 0, int(4.2 * 16000), 600) == 0
+    assert utterance_end(vad, None, words, 0, int(4.7 * 16000), 600) == len(words)
+
+
+@pytest.mark.parametrize("language", ["zh", "en"])
+def test_a_chinese_utterance_commits_from_a_decode_that_heard_the_speech_after_its_pause(
+        language):
+    """AISHELL on an AVX2 CPU, driven alone: every decode of the stream up to the pause after
+    "一二线城市虽然也处于调整中" read 尝试孙然, and the pause committed it; once the decode had
+    heard 1.1 s of the next utterance, base read 城市虽然, as offline (cjk_policy). Here a
+    stand-in engine reads the phrase as base did; Chinese commits it once the decode heard speech
+    after the pause (English, whose words commit by agreement 150 ms after them, keeps the pause
+    alone)."""
+    from subd.models.alignment import WordTiming
+    from subd.models.decoding import DecodeResult
+    from subd.models.engine import WindowResult
+    from subd.recognise.streaming import StreamingRecognizer
+    from subd.scoring.punct import stream_hypotheses
+
+    first, after = (0.0, 2.0), (3.2, 6.0)
+
+    class Base:
+        class tokenizer:  # the committed text as a prompt or prefix: no tokens needed here
+            multilingual = False
+            special = type("special", (), {"timestamp_begin": 50364})
+
+            @staticmethod
+            def encode(text):
+                return []
+
+        def transcribe_window(self, audio, prompt=None, policy=None, **_):
+            end = len(audio) / 16000
+            heard_after = end - after[0]
+            text = "城市虽然" if heard_after >= 1.0 else "尝试孙然"
+            words = [WordTiming(ch, (), 0.5 * i, 0.5 * (i + 1), 0.9) for i, ch in enumerate(text)
+                     if 0.5 * (i + 1) <= end]
+            words += [WordTiming(ch, (), after[0] + 0.4 * i, after[0] + 0.4 * (i + 1), 0.9)
+                      for i, ch in enumerate("广州市房地产") if after[0] + 0.4 * (i + 1) <= end]
+            decode = DecodeResult((), -1.0, -0.1, 0.0, 0.0, 1.0, False)
+            return WindowResult(decode, tuple(words), True)
+
+    rec = StreamingRecognizer("base", engine=Base(), language=language)
+    rec.vad = _SpeechAt(first, after)
+    hyps = stream_hypotheses(rec, np.zeros(6 * 16000, np.float32), 16000 // 2)
+    committed = "".join(w.text for h in hyps for w in h.committed)
+    head = "".join(w.text for w in hyps[7].committed)  # at 4.0 s: 0.8 s after the pause
+    if language == "zh":
+        assert committed.startswith("城市虽然") and head == ""
+    else:
+        assert committed.startswith("尝试孙然")  # by agreement, long before the pause

@@ -10,10 +10,14 @@ must continue the characters already chosen.
 So for the languages of ``UTTERANCE_LANGUAGES`` the recogniser
 * commits by agreement only after ``AGREE_GUARD_MS`` of audio after a character, and holds a
   character at most ``MAX_TENTATIVE_MS``: in practice the tail commits at the pause that ends
-  its utterance (``pause_commit_ms``), from the decode that heard all of it;
+  its utterance (``pause_commit_ms``), from a decode that heard all of it (see below);
 * does not force the committed characters inside the window as the decode's prefix: each decode
   reads the window's audio freely, and the characters that re-state committed audio are dropped
-  (commit.after_commit_point), as for a decode without a prefix.
+  (commit.after_commit_point), as for a decode without a prefix;
+* driven alone, commits an utterance at its pause only once the decode has heard
+  ``UTTERANCE_CONTEXT_MS`` of the speech that follows the pause (settle.utterance_end): the pause
+  alone does not commit it. A speaker who stops is committed by agreement after
+  ``AGREE_GUARD_MS``, or at the stream's end.
 
 Neither change alone moved the figures; together, measured with the recogniser driven alone
 (agreement, base int8, mean character errors over 6 runs: update steps 0.4/0.5/0.6 s, 0 or
@@ -54,6 +58,22 @@ MAX_TENTATIVE_MS = 8000
 # deadline mode: audio heard after a due character before it is decided (two characters at
 # ~4 a second); 800 ms gave the same text on espeak-ng, and leaves less room at shorter D
 DEADLINE_GUARD_MS = 500
+
+# Driven alone: speech heard after the pause that ends an utterance before the pause commits it.
+# Traced on AISHELL on an AVX2 CPU (issue 20's run failing at 0.132): every decode of the
+# stream from 7 s to the pause after "一二线城市虽然也处于调整中" read 尝试孙然, and the pause
+# committed it. Decoded apart, windows ending in that pause (9.0-10.0 s; from 0, 3.56 or 4.4 s,
+# cut span or full input, with or without the first utterance as prompt) read 城市虽然 in 3 of
+# 30, and 8 of 10 that also heard the next utterance (to 14.1 s), as offline does; in the
+# stream, a decode that had heard 0.6 s of it still read 尝试孙然, from 1.1 s on 城市虽然.
+# Mean character errors over 6 runs (update steps 0.4/0.5/0.6 s, 0 or 0.3 s of silence first),
+# pause alone -> 1 s of speech after it: AISHELL 3.8 -> 2.0 of 38 (transcribe 2), zh-dev 6.2 ->
+# 4.5 of 49 (transcribe 4); held out, never tuned on: zh-heldout 1.5 -> 3.0 of 39 (transcribe 3:
+# its last utterance has no speech after it and is now read at the stream's end on Whisper's
+# full input, as offline reads it, 达摩院 -> 打模样; the cut span at the pause had read 达摩院 in
+# 3 runs of 6), espeak-ng 58.2 of 100 either way (the same text in each run; transcribe 50 and
+# 63). 500 ms: AISHELL 2.0 as well. Deadline mode (the daemon) is not affected.
+UTTERANCE_CONTEXT_MS = 1000
 
 C = TypeVar("C")
 P = TypeVar("P")
@@ -100,3 +120,12 @@ def fallback_for(policy: P, language: str | None, deadline_mode: bool,
         return policy
     greedy = replace(policy, temperatures=policy.temperatures[:1])
     return replace(greedy, no_speech_threshold=1.0) if speech_after_commit() else greedy
+
+
+def utterance_context_ms(language: str | None, deadline_mode: bool = False) -> int:
+    """Driven alone (agreement), how much speech after the pause that ends an utterance the
+    decode must have heard before the pause commits it (0: the pause alone commits; deadline
+    mode commits nothing at a pause by default, and its deadlines decide)."""
+    if deadline_mode or language not in UTTERANCE_LANGUAGES:
+        return 0
+    return UTTERANCE_CONTEXT_MS

@@ -13,8 +13,10 @@ after it read as 0 ms, and its full stop was set aside as a window edge's).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from subd.recognise.vad import VoiceActivityDetector
-from subd.types import SAMPLE_RATE_HZ
+from subd.types import SAMPLE_RATE_HZ, Word, ns_to_samples
 
 # speech after the last word is 60 ms of voiced frames (a word onset, a short word); bursts
 # closer than 90 ms are one; a burst touching the last word and ending within 150 ms of it is
@@ -62,3 +64,26 @@ def speech_onset(vad: VoiceActivityDetector, audio, first: int, end: int) -> int
                 and silence_to - burst_end >= REMAINDER_SILENCE_MS * SAMPLE_RATE_HZ // 1000):
             regions = regions[1:]
     return first + regions[0][0] if regions else None
+
+
+def utterance_end(vad: VoiceActivityDetector, audio, words: Sequence[Word], window_start: int,
+                  end: int, pause_ms: int, context_ms: int = 0) -> int:
+    """How many leading ``words`` (a hypothesis) end an utterance: a pause of ``pause_ms``
+    without speech follows the last of them. ``context_ms`` 0: only the pause up to the audio
+    end after the last word counts (the speaker has stopped). Else only a pause that speech
+    follows, heard for ``context_ms`` (samples counted from the first VAD region after the
+    pause): the decode heard the utterance and what comes after it (why: cjk_policy)."""
+    if not words:
+        return 0
+    pause = pause_ms * SAMPLE_RATE_HZ // 1000
+    context = context_ms * SAMPLE_RATE_HZ // 1000
+    for n in range(len(words), 0, -1) if context else (len(words),):
+        first = max(ns_to_samples(words[n - 1].end_ns), window_start)
+        if first >= end:
+            continue
+        regions = vad.regions_at(audio, first, end)
+        if not context:
+            return n if end - first >= pause and not regions else 0
+        if regions and regions[0][0] >= pause and end - first - regions[0][0] >= context:
+            return n
+    return 0

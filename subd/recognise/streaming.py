@@ -48,7 +48,7 @@ from subd.recognise.commit import (
 )
 from subd.recognise.language import LanguageTracker
 from subd.recognise.loops import cut_loop, transcribe_unlooped
-from subd.recognise.settle import has_speech, settled_end
+from subd.recognise.settle import has_speech, settled_end, utterance_end
 from subd.recognise.vad import VoiceActivityDetector
 from subd.types import SAMPLE_RATE_HZ, AudioChunk, Hypothesis, Word, ns_to_samples, samples_to_ns
 from subd.validate import check_choice, check_range
@@ -373,14 +373,14 @@ class StreamingRecognizer:
             # from DTW) clips the next word's onset; the repeated words are dropped again
             st.window_start = max(st.window_start, min(commit_sample, end) - lead_in)
         if pause_commit and self.vad is not None and st.previous:
-            # a pause after the last hypothesis word: the utterance has ended
-            last_end = ns_to_samples(st.previous[-1].end_ns)
-            first = max(last_end, st.window_start)
-            pause = c.pause_commit_ms * SAMPLE_RATE_HZ // 1000
-            if last_end < end and end - first >= pause and not self._has_speech(first, end):
-                newly = self._take(st.previous)
-                st.previous = []
-                return newly
+            # a pause after a hypothesis word: the utterance has ended (Chinese: and the decode
+            # heard speech after it, cjk_policy.UTTERANCE_CONTEXT_MS)
+            n = utterance_end(self.vad, self.audio, st.previous, st.window_start, end,
+                              c.pause_commit_ms,
+                              self.languages.utterance_context_ms(self.deadline_mode))
+            newly = self._take(st.previous[:n])
+            st.previous, st.previous_streak = st.previous[n:], st.previous_streak[n:]
+            return newly
         return []
 
     def _settle(self, end: int) -> None:
