@@ -15,7 +15,7 @@ So for the languages of ``UTTERANCE_LANGUAGES`` the recogniser
   reads the window's audio freely, and the characters that re-state committed audio are dropped
   (commit.after_commit_point), as for a decode without a prefix;
 * driven alone, commits an utterance at its pause only once the decode has heard
-  ``UTTERANCE_CONTEXT_MS`` of the speech that follows the pause (settle.utterance_end): the pause
+  ``UTTERANCE_CONTEXT_MS`` of the speech that follows the pause (``pause_context_ms``): the pause
   alone does not commit it. A speaker who stops is committed by agreement after
   ``AGREE_GUARD_MS``, or at the stream's end.
 
@@ -92,6 +92,7 @@ def policy_for(config: C, language: str | None, deadline_mode: bool = False) -> 
                        agree_guard_ms=max(config.agree_guard_ms, DEADLINE_GUARD_MS))
     return replace(config, agree_guard_ms=max(config.agree_guard_ms, AGREE_GUARD_MS),
                    max_tentative_ms=max(config.max_tentative_ms, MAX_TENTATIVE_MS),
+                   pause_context_ms=max(config.pause_context_ms, UTTERANCE_CONTEXT_MS),
                    force_committed_prefix=False)
 
 
@@ -121,11 +122,3 @@ def fallback_for(policy: P, language: str | None, deadline_mode: bool,
     greedy = replace(policy, temperatures=policy.temperatures[:1])
     return replace(greedy, no_speech_threshold=1.0) if speech_after_commit() else greedy
 
-
-def utterance_context_ms(language: str | None, deadline_mode: bool = False) -> int:
-    """Driven alone (agreement), how much speech after the pause that ends an utterance the
-    decode must have heard before the pause commits it (0: the pause alone commits; deadline
-    mode commits nothing at a pause by default, and its deadlines decide)."""
-    if deadline_mode or language not in UTTERANCE_LANGUAGES:
-        return 0
-    return UTTERANCE_CONTEXT_MS

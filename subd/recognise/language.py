@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from subd.recognise.cjk_policy import fallback_for, policy_for, utterance_context_ms
+from subd.recognise.cjk_policy import fallback_for, policy_for
 from subd.script import AUTO, check_language
 
 
@@ -74,11 +74,6 @@ class LanguageTracker:
         """The recogniser's ``config`` as applied to this language (Chinese and Japanese commit
         by utterance, without a forced prefix: subd.recognise.cjk_policy)."""
         return policy_for(config, self.choice.language, deadline_mode)
-
-    def utterance_context_ms(self, deadline_mode: bool = False) -> int:
-        """Speech heard after a pause before the utterance it ends commits, driven alone (0:
-        the pause alone; subd.recognise.cjk_policy.utterance_context_ms)."""
-        return utterance_context_ms(self.choice.language, deadline_mode)
 
     def fallback(self, policy, deadline_mode: bool, speech_after_commit):
         """The decode's ``policy`` (a models.engine.FallbackPolicy) as applied to this language

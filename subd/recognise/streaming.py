@@ -73,6 +73,7 @@ class StreamingConfig:
     min_update_ms: int = 200  # new audio needed before another decode
     max_tentative_ms: int = 1200  # a hypothesis word older than this is committed
     pause_commit_ms: int = 600  # silence after the last word commits the tail
+    pause_context_ms: int = 0  # ... once this much speech after it was heard (cjk_policy)
     agree_guard_ms: int = 150  # agreement counts only for words ending this long before the end
     agree_min_probability: float = 0.3  # ... and only when Whisper gave the word at least this
     # ... or when this many decodes in a row, each having heard the word out, gave the same
@@ -122,6 +123,7 @@ class StreamingConfig:
             ("min_update_ms", 20, 5000),
             ("max_tentative_ms", 200, 20000),
             ("pause_commit_ms", 100, 10000),
+            ("pause_context_ms", 0, 10000),
             ("agree_guard_ms", 0, 5000),
             ("confident_guard_ms", 0, 5000),
             ("unsure_agree_decodes", 2, 100),
@@ -373,11 +375,9 @@ class StreamingRecognizer:
             # from DTW) clips the next word's onset; the repeated words are dropped again
             st.window_start = max(st.window_start, min(commit_sample, end) - lead_in)
         if pause_commit and self.vad is not None and st.previous:
-            # a pause after a hypothesis word: the utterance has ended (Chinese: and the decode
-            # heard speech after it, cjk_policy.UTTERANCE_CONTEXT_MS)
+            p = self.languages.policy(c, self.deadline_mode)
             n = utterance_end(self.vad, self.audio, st.previous, st.window_start, end,
-                              c.pause_commit_ms,
-                              self.languages.utterance_context_ms(self.deadline_mode))
+                              p.pause_commit_ms, p.pause_context_ms)
             newly = self._take(st.previous[:n])
             st.previous, st.previous_streak = st.previous[n:], st.previous_streak[n:]
             return newly
