@@ -359,6 +359,44 @@ def test_a_looped_phrase_timed_past_the_audio_is_not_speech():
     real = words(("Five,", 1.0, 1.4), ("five.", 1.6, 2.0), ("Eight", 2.5, 2.9))
     assert stacked_tail_cut(real, 3_000 * MS) == real
     assert stacked_tail_cut(real, 2_930 * MS) == real  # one word at the very end: kept
+    squeezed = words(("no,", 3.16, 3.72), ("we", 3.72, 3.72), ("will", 3.72, 3.98))
+    assert stacked_tail_cut(squeezed, 5_000 * MS) == squeezed  # one short word DTW squeezed
+
+
+def _w(text, a, b):
+    return Word(text, int(a * 1000) * MS, int(b * 1000) * MS)
+
+
+def test_a_phrase_said_again_is_kept_and_one_restated_is_not():
+    """The committed tail again at the start of a hypothesis: the speaker saying it again
+    (a chant: on fresh audio as long as the first time) stays; Whisper re-stating its context
+    (squeezed against the commit point) goes."""
+    from subd.recognise.commit import after_commit_point
+
+    said = [_w("we", 7.92, 8.06), _w("will", 8.06, 8.3), _w("not", 8.3, 8.52),
+            _w("go", 8.52, 8.78), _w("back,", 8.78, 9.22)]
+    again = [_w("we", 9.36, 9.5), _w("will", 9.5, 9.76), _w("not", 9.76, 9.96),
+             _w("go", 9.96, 10.22), _w("back,", 10.22, 10.66), _w("thank", 11.4, 11.6)]
+    for forced in (True, False):
+        kept = after_commit_point(again, said, said[-1].end_ns, forced, said_again=True)
+        assert [w.text for w in kept] == ["we", "will", "not", "go", "back,", "thank"]
+    restated = [_w("go", 9.2, 9.25), _w("back,", 9.25, 9.3), _w("thank", 9.4, 9.6)]
+    # a forced prefix's last word, a mark decoded after it: the word comes back whole
+    straddling = [_w("back.", 8.7, 10.0), _w("thank", 10.1, 10.3)]
+    for copy in (restated, straddling):
+        for forced in (True, False):
+            kept = after_commit_point(copy, said, said[-1].end_ns, forced, said_again=True)
+            assert [w.text for w in kept] == ["thank"]
+
+
+def test_a_word_of_no_duration_at_the_commit_point_is_committed(voiced):
+    """DTW can give a short word no duration where the word before it ends ("no, we": "we" at
+    the instant "no," ends); committed in one update with it, it is a new word, not a repeat."""
+    rec = StreamingRecognizer(engine=_ScriptedEngine(
+        [("no,", 0.3, 0.9, 0.9), ("we", 0.9, 0.9, 0.9), ("will", 0.9, 1.2, 0.9)]))
+    _feed(rec, voiced, 1.6)
+    hyp = rec.update(commit_until_ns=1_300 * MS)
+    assert [w.text for w in hyp.committed] == ["no,", "we", "will"]
 
 
 def _spans_chosen(latency_ms: int, n: int, step_ms: int, cost_ms) -> list[bool]:

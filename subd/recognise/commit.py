@@ -31,7 +31,8 @@ from subd.types import Word
 NS_PER_MS = 1_000_000
 STACKED_END_MS = 60  # see stacked_tail_cut
 STACKED_MS = 10
-VOTE_SLACK_MS = 100  # word times move by ±100 ms between decodes (DTW)
+VOTE_SLACK_MS = 100  # word times move by ±100 ms between decodes (DTW): voted, _said_again
+SAID_AGAIN_SHARE = 0.6  # see _said_again
 
 
 class PolicyConfig(Protocol):
@@ -165,11 +166,13 @@ def hypothesis_words(timings: Sequence[WordTiming], offset_ns: int) -> list[Word
 
 
 def after_commit_point(words: list[Word], committed: Sequence[Word], committed_end_ns: int,
-                       forced: bool = False) -> list[Word]:
+                       forced: bool = False, said_again: bool = False) -> list[Word]:
     """Drop hypothesis words that re-state committed audio (Whisper repeats its context).
 
     Word times move by ±100 ms between decodes, so the cut is by start time with a margin,
-    and then by text: a leading 1–5-gram equal to the committed tail is removed. After a
+    and then by text: a leading 1–5-gram equal to the committed tail is removed, unless it
+    was said again (``said_again``, deadline mode: ``_said_again``; driven alone, where
+    ``stacked_tail_cut`` does not run, looped copies passed it: "Five. Five. Five. ..."). After a
     ``forced`` prefix (the committed words) every decoded word is new: only a word lying
     wholly inside committed audio is dropped, since a start 100 ms earlier than the
     committed end is timing noise, not a repeat (dropping it loses the word).
@@ -183,7 +186,8 @@ def after_commit_point(words: list[Word], committed: Sequence[Word], committed_e
         else:
             words = [*words[:first], rest, *words[first + 1:]]
     if forced:
-        out = [w for w in words if w.end_ns > committed_end_ns]
+        out = [w for w in words if w.end_ns > committed_end_ns
+               or said_again and w.start_ns >= committed_end_ns]  # no duration, at the end
     else:
         cut = committed_end_ns - 100 * NS_PER_MS
         out = [w for w in words if w.start_ns >= cut or w is rest]
@@ -191,9 +195,24 @@ def after_commit_point(words: list[Word], committed: Sequence[Word], committed_e
         return out
     tail = [norm_word(w.text) for w in committed[-5:]]
     for n in range(min(5, len(out), len(tail)), 0, -1):
-        if [norm_word(w.text) for w in out[:n]] == tail[-n:]:
+        if [norm_word(w.text) for w in out[:n]] == tail[-n:] and \
+                not (said_again and _said_again(out[:n], committed[-n:])):
             return out[n:]
     return out
+
+
+def _said_again(copy: Sequence[Word], said: Sequence[Word]) -> bool:
+    """Is ``copy``, the committed words ``said`` in text, the speaker saying them again?
+
+    A copy that Whisper re-states from its context overlaps the committed audio (a forced
+    prefix's last word with a mark after it comes back whole: "again" then "again.") or is
+    squeezed against the commit point; one that was said again starts after it and lies on
+    audio about as long as the first time ("we will not go back, we will not go back": the
+    fourth copy of a chant was dropped as a re-statement)."""
+    if copy[0].start_ns < said[-1].end_ns - VOTE_SLACK_MS * NS_PER_MS:
+        return False
+    fresh = copy[-1].end_ns - max(copy[0].start_ns, said[-1].end_ns)
+    return fresh >= SAID_AGAIN_SHARE * (said[-1].end_ns - said[0].start_ns) > 0
 
 
 def _rest_of_cut_word(word: Word, last: Word) -> Word:
@@ -218,7 +237,9 @@ def stacked_tail_cut(words: list[Word], end_ns: int) -> list[Word]:
     timed at the window's very end or stacked at one instant before a real word. Two words
     cannot both end within ``STACKED_END_MS`` of the audio end, nor two words of no duration
     at the same instant: the first of each such run is kept (it may be a real word, cut
-    short) unless the word after the run repeats it, the rest are not speech.
+    short) unless the word after the run repeats it, the rest are not speech. Before any such run,
+    one word of no duration between two real ones is a short word DTW squeezed ("no, we
+    will": "we" at the instant "no," ends), and stays.
 
     Deadline mode only: under agreement a copy is never heard out, so it never commits, and the
     CRF read a loop's repeated sentence start as right context (subd bench punct-e2e, driven
@@ -231,13 +252,22 @@ def stacked_tail_cut(words: list[Word], end_ns: int) -> list[Word]:
         words = words[:i + 1]
     out: list[Word] = []
     stacked = False  # words were dropped after out[-1]
-    for w in words:
-        if out and w.end_ns - w.start_ns < STACKED_MS * NS_PER_MS \
-                and abs(w.end_ns - out[-1].end_ns) < STACKED_MS * NS_PER_MS:
-            stacked = True  # no duration, at the instant the word before ends
-            continue
+    looped = False  # two words of no duration at one instant: every later one is a copy
+    for i, w in enumerate(words):
+        if out and _instant(w, out[-1].end_ns):
+            looped |= i > 0 and _instant(words[i - 1], w.end_ns) or \
+                i + 1 < len(words) and _instant(words[i + 1], w.end_ns)
+            if looped:
+                stacked = True  # no duration, at the instant the word before ends
+                continue
         if stacked and norm_word(out[-1].text) == norm_word(w.text):
             out.pop()  # the loop's first word, the real one follows ("Seven [of clubs] Seven")
         stacked = False
         out.append(w)
     return out
+
+
+def _instant(word: Word, at_ns: int) -> bool:
+    """A word of no duration at ``at_ns``."""
+    return word.end_ns - word.start_ns < STACKED_MS * NS_PER_MS and \
+        abs(word.end_ns - at_ns) < STACKED_MS * NS_PER_MS

@@ -301,7 +301,8 @@ class StreamingRecognizer:
     def _after_commit_point(self, words: list[Word], forced: bool = False) -> list[Word]:
         """Drop hypothesis words that re-state committed audio (subd.recognise.commit)."""
         st = self.state
-        return after_commit_point(words, st.committed, st.committed_end_ns, forced)
+        return after_commit_point(words, st.committed, st.committed_end_ns, forced,
+                                  said_again=self.deadline_mode)
 
     def _commit(self, words: list[Word], end: int, commit_until_ns: int | None) -> list[Word]:
         st = self.state
@@ -323,8 +324,7 @@ class StreamingRecognizer:
         while n < len(st.previous) and st.previous[n].end_ns <= commit_until_ns:
             n += 1
         newly = self._take(st.previous[:n])
-        st.previous = st.previous[n:]
-        st.previous_streak = st.previous_streak[n:]
+        st.previous, st.previous_streak = st.previous[n:], st.previous_streak[n:]
         return newly
 
     def _take(self, words: list[Word]) -> list[Word]:
@@ -332,13 +332,13 @@ class StreamingRecognizer:
         st = self.state
         out = []
         for w in words:
-            if w.end_ns <= st.committed_end_ns and st.committed:
-                continue
+            inside = w.start_ns < st.committed_end_ns or not self.deadline_mode
+            if w.end_ns <= st.committed_end_ns and inside and st.committed:
+                continue  # in committed audio (deadline mode: no duration at its end is new)
             start = max(w.start_ns, st.committed_end_ns)
-            word = Word(w.text, start, max(start, w.end_ns), w.probability)
-            out.append(word)
-            st.committed.append(word)
-            st.committed_end_ns = word.end_ns
+            out.append(Word(w.text, start, max(start, w.end_ns), w.probability))
+            st.committed.append(out[-1])
+            st.committed_end_ns = out[-1].end_ns
         if len(st.committed) > 4 * PROMPT_WORDS:
             del st.committed[:-PROMPT_WORDS]
         return out
