@@ -171,8 +171,10 @@ def after_commit_point(words: list[Word], committed: Sequence[Word], committed_e
 
     Word times move by ±100 ms between decodes, so the cut is by start time with a margin,
     and then by text: a leading 1–5-gram equal to the committed tail is removed, unless it
-    was said again (``said_again``, deadline mode: ``_said_again``; driven alone, where
-    ``stacked_tail_cut`` does not run, looped copies passed it: "Five. Five. Five. ..."). After a
+    was said again (``_said_again``; asked after a forced prefix in deadline mode only: driven
+    alone, where ``stacked_tail_cut`` does not run, looped copies passed it, "Five. Five. Five.
+    ..."; without a prefix Whisper re-reads the committed audio, and DTW timed a re-read 我想
+    on the audio after it). After a
     ``forced`` prefix (the committed words) every decoded word is new: only a word lying
     wholly inside committed audio is dropped, since a start 100 ms earlier than the
     committed end is timing noise, not a repeat (dropping it loses the word).
@@ -196,7 +198,7 @@ def after_commit_point(words: list[Word], committed: Sequence[Word], committed_e
     tail = [norm_word(w.text) for w in committed[-5:]]
     for n in range(min(5, len(out), len(tail)), 0, -1):
         if [norm_word(w.text) for w in out[:n]] == tail[-n:] and \
-                not (said_again and _said_again(out[:n], committed[-n:])):
+                not (said_again and forced and _said_again(out[:n], committed[-n:])):
             return out[n:]
     return out
 
