@@ -378,17 +378,17 @@ def test_a_phrase_said_again_is_kept_and_one_restated_is_not():
             _w("go", 8.52, 8.78), _w("back,", 8.78, 9.22)]
     again = [_w("we", 9.36, 9.5), _w("will", 9.5, 9.76), _w("not", 9.76, 9.96),
              _w("go", 9.96, 10.22), _w("back,", 10.22, 10.66), _w("thank", 11.4, 11.6)]
-    kept = after_commit_point(again, said, said[-1].end_ns, forced=True, said_again=True)
+    kept = after_commit_point(again, said, said[-1].end_ns, forced=True, deadline=True)
     assert [w.text for w in kept] == ["we", "will", "not", "go", "back,", "thank"]
     # without a forced prefix Whisper re-reads committed audio: the text decides, as before
-    kept = after_commit_point(again, said, said[-1].end_ns, forced=False, said_again=True)
+    kept = after_commit_point(again, said, said[-1].end_ns, forced=False, deadline=True)
     assert [w.text for w in kept] == ["thank"]
     restated = [_w("go", 9.2, 9.25), _w("back,", 9.25, 9.3), _w("thank", 9.4, 9.6)]
     # a forced prefix's last word, a mark decoded after it: the word comes back whole
     straddling = [_w("back.", 8.7, 10.0), _w("thank", 10.1, 10.3)]
     for copy in (restated, straddling):
         for forced in (True, False):
-            kept = after_commit_point(copy, said, said[-1].end_ns, forced, said_again=True)
+            kept = after_commit_point(copy, said, said[-1].end_ns, forced, deadline=True)
             assert [w.text for w in kept] == ["thank"]
 
 

@@ -166,15 +166,15 @@ def hypothesis_words(timings: Sequence[WordTiming], offset_ns: int) -> list[Word
 
 
 def after_commit_point(words: list[Word], committed: Sequence[Word], committed_end_ns: int,
-                       forced: bool = False, said_again: bool = False) -> list[Word]:
+                       forced: bool = False, deadline: bool = False) -> list[Word]:
     """Drop hypothesis words that re-state committed audio (Whisper repeats its context).
 
     Word times move by ±100 ms between decodes, so the cut is by start time with a margin,
     and then by text: a leading 1–5-gram equal to the committed tail is removed, unless it
-    was said again (``_said_again``; asked after a forced prefix in deadline mode only: driven
-    alone, where ``stacked_tail_cut`` does not run, looped copies passed it, "Five. Five. Five.
-    ..."; without a prefix Whisper re-reads the committed audio, and DTW timed a re-read 我想
-    on the audio after it). After a
+    was said again (``_said_again``; asked after a forced prefix in ``deadline`` mode only, where
+    ``stacked_tail_cut`` has removed looped copies: driven alone they passed it, "Five. Five.
+    Five. ..."; without a prefix Whisper re-reads the committed audio, and DTW timed a re-read
+    我想 on the audio after it). After a
     ``forced`` prefix (the committed words) every decoded word is new: only a word lying
     wholly inside committed audio is dropped, since a start 100 ms earlier than the
     committed end is timing noise, not a repeat (dropping it loses the word).
@@ -189,7 +189,7 @@ def after_commit_point(words: list[Word], committed: Sequence[Word], committed_e
             words = [*words[:first], rest, *words[first + 1:]]
     if forced:
         out = [w for w in words if w.end_ns > committed_end_ns
-               or said_again and w.start_ns >= committed_end_ns]  # no duration, at the end
+               or deadline and w.start_ns >= committed_end_ns]  # no duration, at the end
     else:
         cut = committed_end_ns - 100 * NS_PER_MS
         out = [w for w in words if w.start_ns >= cut or w is rest]
@@ -198,7 +198,7 @@ def after_commit_point(words: list[Word], committed: Sequence[Word], committed_e
     tail = [norm_word(w.text) for w in committed[-5:]]
     for n in range(min(5, len(out), len(tail)), 0, -1):
         if [norm_word(w.text) for w in out[:n]] == tail[-n:] and \
-                not (said_again and forced and _said_again(out[:n], committed[-n:])):
+                not (deadline and forced and _said_again(out[:n], committed[-n:])):
             return out[n:]
     return out
 

@@ -302,7 +302,7 @@ class StreamingRecognizer:
         """Drop hypothesis words that re-state committed audio (subd.recognise.commit)."""
         st = self.state
         return after_commit_point(words, st.committed, st.committed_end_ns, forced,
-                                  said_again=self.deadline_mode)
+                                  deadline=self.deadline_mode)
 
     def _commit(self, words: list[Word], end: int, commit_until_ns: int | None) -> list[Word]:
         st = self.state
