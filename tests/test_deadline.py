@@ -402,6 +402,27 @@ def test_a_word_of_no_duration_at_the_commit_point_is_committed(voiced):
     assert [w.text for w in hyp.committed] == ["no,", "we", "will"]
 
 
+def test_words_written_over_silence_are_not_committed(voiced):
+    """Whisper can write a clip's last words again over the silence after them ("in this
+    regard, in this regard": the dev set at D = 1 s), timed there by DTW; they are not speech,
+    so not committed at their deadline. A word over speech stays, one of no duration too, and
+    so does a word at the audio end, whose silence is not heard out yet."""
+    audio = np.concatenate([voiced, np.zeros(2 * SAMPLE_RATE_HZ, np.float32)])  # speech to 4.8 s
+    said = [("in", 3.6, 3.9, 0.9), ("this", 3.9, 3.9, 0.9), ("regard,", 3.9, 4.7, 0.9)]
+
+    def update(*copy):
+        rec = StreamingRecognizer(engine=_ScriptedEngine(said + list(copy)))
+        _feed(rec, audio, 6.8)
+        hyp = rec.update(commit_until_ns=6_800 * MS)
+        return [w.text for w in hyp.committed], [w.text for w in hyp.tentative]
+
+    assert update(("in", 5.6, 5.6, 0.9), ("regard,", 5.6, 6.1, 0.9)) == (
+        ["in", "this", "regard,"], [])
+    assert update(("in", 6.0, 6.6, 0.9)) == (["in", "this", "regard,"], [])
+    assert update(("in", 6.5, 6.8, 0.9)) == (["in", "this", "regard,"], ["in"])  # not heard out
+    assert update(("so", 4.7, 4.9, 0.9))[0] == ["in", "this", "regard,", "so"]  # 100 ms into it
+
+
 def _spans_chosen(latency_ms: int, n: int, step_ms: int, cost_ms) -> list[bool]:
     """The span the daemon's planner chooses for each of ``n`` updates ``step_ms`` apart;
     update i costs ``cost_ms(i, full)`` (None: it decoded nothing, so nothing is recorded)."""

@@ -40,15 +40,10 @@ from subd.models.engine import (
     live_threads,
 )
 from subd.models.words import prompt_text
-from subd.recognise.commit import (
-    after_commit_point,
-    decide,
-    hypothesis_words,
-    stacked_tail_cut,
-)
+from subd.recognise.commit import after_commit_point, decide, hypothesis_words, stacked_tail_cut
 from subd.recognise.language import LanguageTracker
 from subd.recognise.loops import cut_loop, transcribe_unlooped
-from subd.recognise.settle import has_speech, settled_end, utterance_end
+from subd.recognise.settle import has_speech, heard, settled_end, utterance_end
 from subd.recognise.vad import VoiceActivityDetector
 from subd.types import SAMPLE_RATE_HZ, AudioChunk, Hypothesis, Word, ns_to_samples, samples_to_ns
 from subd.validate import check_choice, check_range
@@ -288,9 +283,12 @@ class StreamingRecognizer:
         self.n_capped += result.decode.capped
         offset_ns = samples_to_ns(st.window_start)
         words = hypothesis_words(result.words, offset_ns)
-        # deadline mode takes due words from one hypothesis, looped copies too (see commit.py)
+        # deadline mode takes due words from one hypothesis: not looped copies (see commit.py),
+        # nor words written over silence (settle.heard)
         if self.deadline_mode:
             words = stacked_tail_cut(words, offset_ns + samples_to_ns(len(window)))
+            if self.vad is not None:
+                words = heard(self.vad, self.audio, words, st.window_start, self.audio.end_sample)
         return self._after_commit_point(cut_loop(words), forced=result.prefix_used)
 
     def _speech_after_commit_point(self) -> bool:
