@@ -105,14 +105,17 @@ def heard(vad: VoiceActivityDetector, audio, words: Sequence[Word], first: int,
     silence that followed ("in this regard, in this regard"), timed there by DTW, and was
     committed at its deadline. Only a word heard out is judged: one within ``HEARD_MARGIN_MS``
     of the audio end is kept, as the VAD has not yet decided what follows it (judged there,
-    held-out D = 1 s lost its commas: 0.50 -> 0.00)."""
+    held-out D = 1 s lost its commas: 0.50 -> 0.00). Speech is found once, from the first
+    word judged to the audio end, so a region is seen whole, not cut at a word's margin."""
     margin = HEARD_MARGIN_MS * SAMPLE_RATE_HZ // 1000
-    out = []
-    for w in words:
-        lo = max(first, ns_to_samples(w.start_ns) - margin)
-        hi = ns_to_samples(w.end_ns) + margin
-        if hi > end - FRAME_SAMPLES or lo >= hi or vad.regions_at(
-                audio, lo, hi, min_speech_ms=HEARD_MIN_SPEECH_MS, min_silence_ms=SETTLE_JOIN_MS,
-                pad_ms=SETTLE_PAD_MS, min_voiced_run_ms=HEARD_MIN_SPEECH_MS):
-            out.append(w)
-    return out
+    spans = [(max(first, ns_to_samples(w.start_ns) - margin), ns_to_samples(w.end_ns) + margin)
+             for w in words]
+    judged = [lo for lo, hi in spans if lo < hi <= end - FRAME_SAMPLES]
+    if not judged:
+        return list(words)
+    lo0 = min(judged)
+    speech = [(lo0 + a, lo0 + b) for a, b in vad.regions_at(
+        audio, lo0, end, min_speech_ms=HEARD_MIN_SPEECH_MS, min_silence_ms=SETTLE_JOIN_MS,
+        pad_ms=SETTLE_PAD_MS, min_voiced_run_ms=HEARD_MIN_SPEECH_MS)]
+    return [w for w, (lo, hi) in zip(words, spans, strict=True)
+            if not lo < hi <= end - FRAME_SAMPLES or any(a < hi and b > lo for a, b in speech)]
