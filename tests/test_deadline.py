@@ -423,6 +423,21 @@ def test_words_written_over_silence_are_not_committed(voiced):
     assert update(("so", 4.7, 4.9, 0.9))[0] == ["in", "this", "regard,", "so"]  # 100 ms into it
 
 
+def test_a_word_over_silence_left_for_the_end_of_the_stream_is_not_committed(voiced):
+    """A word written at the audio end is not judged until the audio after it is heard; the
+    stream's last decode may leave it out, and what it left out is committed at the end of
+    the stream: the word is judged there ("You can call me Abby. Abby." once, in real time)."""
+    audio = np.concatenate([voiced, np.zeros(5 * SAMPLE_RATE_HZ // 2, np.float32)])  # speech: 4.8 s
+    said = [("in", 3.6, 3.9, 0.9), ("this", 3.9, 3.9, 0.9), ("regard,", 3.9, 4.7, 0.9)]
+    for copy, kept in ((("Abby.", 6.6, 6.75, 0.9), []), (("so", 4.7, 4.9, 0.9), ["so"])):
+        rec = StreamingRecognizer(engine=_ScriptedEngine(said + [copy], said))
+        _feed(rec, audio, 6.8)
+        hyp = rec.update(commit_until_ns=4_700 * MS)
+        assert [w.text for w in hyp.tentative] == [copy[0]]  # at the audio end: not judged yet
+        _feed(rec, audio, 6.8 + 0.5)
+        assert [w.text for w in rec.finish().committed] == kept
+
+
 def _spans_chosen(latency_ms: int, n: int, step_ms: int, cost_ms) -> list[bool]:
     """The span the daemon's planner chooses for each of ``n`` updates ``step_ms`` apart;
     update i costs ``cost_ms(i, full)`` (None: it decoded nothing, so nothing is recorded)."""

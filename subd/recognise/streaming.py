@@ -239,9 +239,11 @@ class StreamingRecognizer:
                 self.languages.resolve(window, None)  # "auto" and too little speech: name it now
                 words = self._decode(window, FULL_SPAN)
                 newly = self._take(words)
-        # the last hypothesis, where the final decode did not reach it (a word it left out);
-        # a word overlapping what was just committed is that word again, with other times
-        newly += self._take([w for w in st.previous if w.start_ns >= st.committed_end_ns])
+        # the last hypothesis, where the final decode did not reach it (a word it left out; one
+        # overlapping what was just committed is that word again), now heard out (settle.heard)
+        left = [w for w in st.previous if w.start_ns >= st.committed_end_ns]
+        newly += self._take(left if self.vad is None or not self.deadline_mode else
+                            heard(self.vad, self.audio, left, st.window_start, end))
         st.previous = []
         st.settled_end = end
         return Hypothesis(committed=tuple(newly), tentative=(), audio_end_ns=samples_to_ns(end))
