@@ -110,12 +110,12 @@ def heard(vad: VoiceActivityDetector, audio, words: Sequence[Word], first: int,
     margin = HEARD_MARGIN_MS * SAMPLE_RATE_HZ // 1000
     spans = [(max(first, ns_to_samples(w.start_ns) - margin), ns_to_samples(w.end_ns) + margin)
              for w in words]
-    judged = [lo for lo, hi in spans if lo < hi <= end - FRAME_SAMPLES]
-    if not judged:
+    judged = [lo < hi <= end - FRAME_SAMPLES for lo, hi in spans]
+    if not any(judged):
         return list(words)
-    lo0 = min(judged)
+    lo0 = min(lo for (lo, _), j in zip(spans, judged, strict=True) if j)
     speech = [(lo0 + a, lo0 + b) for a, b in vad.regions_at(
         audio, lo0, end, min_speech_ms=HEARD_MIN_SPEECH_MS, min_silence_ms=SETTLE_JOIN_MS,
         pad_ms=SETTLE_PAD_MS, min_voiced_run_ms=HEARD_MIN_SPEECH_MS)]
-    return [w for w, (lo, hi) in zip(words, spans, strict=True)
-            if not lo < hi <= end - FRAME_SAMPLES or any(a < hi and b > lo for a, b in speech)]
+    return [w for w, (lo, hi), j in zip(words, spans, judged, strict=True)
+            if not j or any(a < hi and b > lo for a, b in speech)]

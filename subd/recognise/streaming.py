@@ -239,11 +239,9 @@ class StreamingRecognizer:
                 self.languages.resolve(window, None)  # "auto" and too little speech: name it now
                 words = self._decode(window, FULL_SPAN)
                 newly = self._take(words)
-        # the last hypothesis, where the final decode did not reach it (a word it left out; one
-        # overlapping what was just committed is that word again), now heard out (settle.heard)
+        # words of the last hypothesis after the final decode's (a word it left out), heard out
         left = [w for w in st.previous if w.start_ns >= st.committed_end_ns]
-        newly += self._take(left if self.vad is None or not self.deadline_mode else
-                            heard(self.vad, self.audio, left, st.window_start, end))
+        newly += self._take(self._heard(left))
         st.previous = []
         st.settled_end = end
         return Hypothesis(committed=tuple(newly), tentative=(), audio_end_ns=samples_to_ns(end))
@@ -285,13 +283,15 @@ class StreamingRecognizer:
         self.n_capped += result.decode.capped
         offset_ns = samples_to_ns(st.window_start)
         words = hypothesis_words(result.words, offset_ns)
-        # deadline mode takes due words from one hypothesis: not looped copies (see commit.py),
-        # nor words written over silence (settle.heard)
+        # deadline mode takes due words from one hypothesis: looped copies dropped (commit.py)
         if self.deadline_mode:
-            words = stacked_tail_cut(words, offset_ns + samples_to_ns(len(window)))
-            if self.vad is not None:
-                words = heard(self.vad, self.audio, words, st.window_start, self.audio.end_sample)
+            words = self._heard(stacked_tail_cut(words, offset_ns + samples_to_ns(len(window))))
         return self._after_commit_point(cut_loop(words), forced=result.prefix_used)
+
+    def _heard(self, words: list[Word]) -> list[Word]:
+        """Deadline mode: the words with speech under them, those heard out (settle.heard)."""
+        return words if self.vad is None or not self.deadline_mode else heard(
+            self.vad, self.audio, words, self.state.window_start, self.audio.end_sample)
 
     def _speech_after_commit_point(self) -> bool:
         """Is there speech after the committed words (something left to transcribe)?"""
