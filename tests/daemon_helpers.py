@@ -47,16 +47,19 @@ def wait_for(predicate, limit_s: float, what: str, proc: subprocess.Popen | None
              log: Path | None = None):
     deadline = time.monotonic() + limit_s
     while time.monotonic() < deadline:
-        if proc is not None and proc.poll() is not None:
-            tail = log.read_text(errors="replace")[-3000:] if log else ""
-            raise AssertionError(f"the daemon exited ({proc.returncode}) waiting for {what}\n"
-                                 f"{tail}")
+        # asked before the predicate: a daemon that did what was awaited and then exited (file
+        # channels that end) between two polls has done it; the predicate decides
+        exited = proc is not None and proc.poll() is not None
         try:
             got = predicate()
         except (OSError, ValueError):
             got = None
         if got:
             return got
+        if exited:
+            tail = log.read_text(errors="replace")[-3000:] if log else ""
+            raise AssertionError(f"the daemon exited ({proc.returncode}) waiting for {what}\n"
+                                 f"{tail}")
         time.sleep(0.1)
     tail = log.read_text(errors="replace")[-3000:] if log else ""
     raise AssertionError(f"timed out waiting for {what}\n{tail}")
