@@ -101,3 +101,24 @@ def test_bench_quality_prints_offline_and_every_d_and_writes_the_plot(tmp_path, 
     if pace == "cpu":  # a modelled device: updates last what --update-ms says
         assert "modelled p50 450 ms" in out or "modelled p50 140 ms" in out
     assert plot.stat().st_size > 10_000
+
+
+def test_per_clip_streams_each_clip_alone_and_scores_them_over_the_set(tmp_path, speech_clips):
+    """``--per-clip``: each clip a stream of its own, as a user streams a file (the issue's own
+    measurement: `subd stream CLIP` and `subd transcribe CLIP`), offline each clip alone too;
+    the words are scored together against the set's reference."""
+    held = build_set("heldout", ("librivox/0880", "cards/001"))
+    assert [c.name for c in held.clips] == ["librivox/0880", "cards/001"]
+    assert sum((c.words for c in held.clips), []) == held.words
+    assert sum((c.marks for c in held.clips), []) == held.marks
+    assert sum(len(c.audio) for c in held.clips) < len(held.audio)  # no gap after a clip alone
+    out_json = tmp_path / "q.json"
+    out = bench("quality", "--latencies", "2000", "--sets", "heldout", "--max-clips", "2",
+                "--per-clip", "--pace", "cpu", "--update-ms", "450,140", "--show",
+                "--plot", str(tmp_path / "q.png"), "--json", str(out_json), timeout_s=600)
+    assert "92 words" not in out and ", 2 streams" in out
+    assert out.count("recogniser updates") == 2  # one stream per clip
+    figures = json.loads(out_json.read_text())["heldout"]
+    # both clips' words reach the score: missing either would cost far more than 30 points
+    assert figures["2000"]["wer_pct"] < 30 and figures["offline"]["wer_pct"] < 30
+    assert figures["2000"]["latency_s"]["p50"] >= 2.0

@@ -3,7 +3,8 @@
 Audio: real speech with exact transcripts (subd.bench.quality_sets), split once into a DEVELOPMENT
 set (what policies are tuned on) and a HELD-OUT set (never tuned on), reported side by side;
 ``--synthetic`` adds espeak-ng speech; ``--language zh``: Mandarin sets by CER (quality_zh). A set
-is one stream (clips 0.75 s apart), streamed once per D; an update's duration moves decisions:
+is one stream (clips 0.75 s apart), streamed once per D; ``--per-clip``: each clip a stream of
+its own, as a user streams a file, scored over the set; an update's duration moves decisions:
 * ``--pace real`` (default): ``subd stream``'s daemon at real time. Honest on a quiet machine;
   on a shared one, other work slows the updates and the figures show that machine, not subd.
 * ``--pace cpu``: the same stages on a fake clock, each update and tag pass lasting the CPU time
@@ -75,6 +76,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         "same decisions however loaded this machine is (tiny.en int8 on one "
                         "idle core: 450,140; base 1350,400)")
     p.add_argument("--language", default="en", help="en; zh: Mandarin sets, CER (base model)")
+    p.add_argument("--per-clip", action="store_true",
+                   help="stream and transcribe each clip as a stream of its own (as `subd "
+                        "stream CLIP` and `subd transcribe CLIP`), scored over the set")
     p.set_defaults(func=run)
 
 
@@ -270,20 +274,27 @@ def streamed(sset, latency_ms: int, args, seen=None) -> tuple[list, int]:
 
 
 def stream_run(sset: SpeechSet, latency_ms: int, args) -> RunScore:
-    words, t0_ns = streamed(sset, latency_ms, args)
+    """One streamed run of the set, or with ``--per-clip`` one of each of its clips, their
+    words scored together in the set's order."""
+    words, lat = [], []
+    for part in (sset.clips if getattr(args, "per_clip", False) else ()) or (sset,):
+        part_words, t0_ns = streamed(part, latency_ms, args)
+        words += part_words
+        lat += [(sent - t0_ns - end) / 1e9 for _, _, end, sent in part_words]
     sc = score_words(sset, [(t, p) for t, p, _, _ in words])
-    lat = np.array([(sent - t0_ns - end) / 1e9 for _, _, end, sent in words])
+    lat = np.array(lat)
     sc.latency_s = latency_summary(lat)
     sc.latency_samples = lat
     return sc
 
 
-def offline_run(sset: SpeechSet, engine) -> RunScore:
+def offline_run(sset: SpeechSet, engine, per_clip: bool = False) -> RunScore:
     from subd.recognise.offline import TranscribeOptions, Transcriber
 
     words = []
-    for seg in Transcriber(engine, TranscribeOptions()).transcribe_blocks([sset.audio]):
-        words += seg.words
+    for part in (sset.clips if per_clip else ()) or (sset,):
+        for seg in Transcriber(engine, TranscribeOptions()).transcribe_blocks([part.audio]):
+            words += seg.words
     return score_words(sset, [(w.text, None) for w in words])
 
 
@@ -330,9 +341,10 @@ def run(args: argparse.Namespace) -> int:
     engine = WhisperEngine.load(args.model, quantize=True)
     results: dict[str, dict[str, RunScore]] = {}
     for sset in sets:
-        print(f"{sset.name}: {len(sset.audio) / 16000:.1f} s, {len(sset.words)} words",
+        print(f"{sset.name}: {len(sset.audio) / 16000:.1f} s, {len(sset.words)} words"
+              + (f", {len(sset.clips)} streams" if args.per_clip and sset.clips else ""),
               flush=True)
-        res = {"offline": offline_run(sset, engine)}
+        res = {"offline": offline_run(sset, engine, args.per_clip)}
         for d in latencies:
             res[f"{d}"] = stream_runs(sset, d, args)
             print(_row(f"{d}", res[f"{d}"]), flush=True)

@@ -51,6 +51,9 @@ class SpeechSet:
     audio: np.ndarray
     words: list[str]
     marks: list[str | None]
+    # the set's clips, each alone (their audio without the gap): ``--per-clip`` streams and
+    # transcribes each as a stream of its own, as ``subd stream CLIP`` and ``subd transcribe``
+    clips: tuple[SpeechSet, ...] = ()
 
 
 def _clip(key: str) -> ClipRef:
@@ -130,13 +133,15 @@ def _marks_on(words: tuple[str, ...], ref: list[tuple[str, str]]) -> tuple[str, 
 
 def build_set(name: str, keys: tuple[str, ...]) -> SpeechSet:
     gap = np.zeros(int(GAP_S * 16000), np.float32)
-    parts, words, marks = [], [], []
+    parts, words, marks, clips = [], [], [], []
     for key in keys:
         clip = _clip(key)
         parts += [clip.audio, gap]
+        clip_marks = list(clip.marks) if clip.marks is not None else [None] * len(clip.words)
+        clips.append(SpeechSet(key, clip.audio, list(clip.words), clip_marks))
         words += clip.words
-        marks += list(clip.marks) if clip.marks is not None else [None] * len(clip.words)
-    return SpeechSet(name, np.concatenate(parts), words, marks)
+        marks += clip_marks
+    return SpeechSet(name, np.concatenate(parts), words, marks, tuple(clips))
 
 
 def synthetic_set() -> SpeechSet:
