@@ -142,7 +142,17 @@ def words_from_path(tokenizer: WhisperTokenizer, text_tokens: list[int], known: 
     # durations are tidied over all words (the median includes the prefix), then the known
     # words are left out
     n_known_words = int(np.searchsorted(boundaries[1:], known, side="right"))
-    return _tidy_durations(out)[n_known_words:]
+    out = _tidy_durations(out)[n_known_words:]
+    first = int(boundaries[n_known_words]) if out else known
+    if first < known:  # the prefix ends inside this word
+        added = tokenizer.decode(list(word_tokens[n_known_words][known - first:]))
+        if not any(ch.isalnum() for ch in added):
+            # only a mark after the prefix's last word ("circumstances" + ","): that word
+            # again, not a new one. Timed from this window it can start 100 ms before the
+            # committed end, and the stream committed it twice ("the circumstances
+            # circumstances, which")
+            out = out[1:]
+    return out
 
 
 def dtw_paths(costs: list[np.ndarray]) -> list[tuple[np.ndarray, np.ndarray]]:

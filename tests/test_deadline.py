@@ -392,6 +392,24 @@ def test_a_phrase_said_again_is_kept_and_one_restated_is_not():
             assert [w.text for w in kept] == ["thank"]
 
 
+def test_a_word_restated_on_a_sliver_of_new_audio_is_not_said_again():
+    """DTW gave a word squeezed between two others 20 ms ("so am I": "I" committed on 20 ms). The
+    next decode, forced to continue "so am I", began "I fellow" with that "I" ending 20 ms after
+    the committed one: 0.6 of 20 ms passed for "as long as the first time" and the captions read
+    "so am I I fellow". A word said again lies on at least 100 ms of new audio; a real repeat
+    of a short word ("no, no") does."""
+    from subd.recognise.commit import after_commit_point
+
+    said = [_w("so", 21.92, 22.24), _w("am", 22.24, 22.36), _w("I", 22.6, 22.62)]
+    restated = [_w("I", 22.52, 22.64), _w("fellow", 22.64, 22.9)]
+    kept = after_commit_point(restated, said, said[-1].end_ns, forced=True, deadline=True)
+    assert [w.text for w in kept] == ["fellow"]
+    no = [_w("no,", 1.0, 1.3)]
+    again = [_w("no,", 1.45, 1.75), _w("we", 1.8, 2.0)]
+    kept = after_commit_point(again, no, no[-1].end_ns, forced=True, deadline=True)
+    assert [w.text for w in kept] == ["no,", "we"]
+
+
 def test_a_word_of_no_duration_at_the_commit_point_is_committed(voiced):
     """DTW can give a short word no duration where the word before it ends ("no, we": "we" at
     the instant "no," ends); committed in one update with it, it is a new word, not a repeat."""

@@ -33,6 +33,7 @@ STACKED_END_MS = 60  # see stacked_tail_cut
 STACKED_MS = 10
 VOTE_SLACK_MS = 100  # word times move by ±100 ms between decodes (DTW): voted, _said_again
 SAID_AGAIN_SHARE = 0.6  # see _said_again
+SAID_AGAIN_WORD_MS = 100  # a word said again lies on at least this much new audio (_said_again)
 
 
 class PolicyConfig(Protocol):
@@ -210,11 +211,14 @@ def _said_again(copy: Sequence[Word], said: Sequence[Word]) -> bool:
     prefix's last word with a mark after it comes back whole: "again" then "again.") or is
     squeezed against the commit point; one that was said again starts after it and lies on
     audio about as long as the first time ("we will not go back, we will not go back": the
-    fourth copy of a chant was dropped as a re-statement)."""
+    fourth copy of a chant was dropped as a re-statement). "As long" needs a floor: DTW gives a
+    word squeezed between two others 20 ms ("so am I": "I" committed on 20 ms), and 0.6 of
+    that let a re-stated "I" through on 20 ms of new audio ("so am I I fellow")."""
     if copy[0].start_ns < said[-1].end_ns - VOTE_SLACK_MS * NS_PER_MS:
         return False
     fresh = copy[-1].end_ns - max(copy[0].start_ns, said[-1].end_ns)
-    return fresh >= SAID_AGAIN_SHARE * (said[-1].end_ns - said[0].start_ns) > 0
+    return fresh >= max(SAID_AGAIN_SHARE * (said[-1].end_ns - said[0].start_ns),
+                        SAID_AGAIN_WORD_MS * NS_PER_MS * len(copy)) > 0
 
 
 def _rest_of_cut_word(word: Word, last: Word) -> Word:
