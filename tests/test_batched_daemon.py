@@ -37,6 +37,22 @@ def _reference(path) -> str:
     return dict((p.name, text) for p, text in librivox_clips())[path.name]
 
 
+def assert_each_channel_reads_its_clip(clips, tmp_path) -> None:
+    """Channel a, b, ... committed its own clip's words: nearer its own reference than any other
+    clip's, and within 35 % WER of it. A clip streamed alone starts its stream, and Whisper
+    reads a stream's first words from the 2-2.5 s that D = 2 s leaves: LibriVox 0920's "Had he
+    married a" reads "How do you marry the" until 3 s of audio are in (README, "Each clip its own
+    stream"), 6 of its 19 words, in some runs and not in others (3 failures in 6 runs of
+    0.25 on one machine, before and after 8370407)."""
+    refs = [normalise(_reference(clip)) for clip in clips]
+    for name, ref in zip("abcdefgh", refs, strict=False):
+        _, ticks = read_jsonl(tmp_path / f"{name}.jsonl")
+        words = normalise(" ".join(w["w"] for t in ticks for w in t["committed"]))
+        own = wer(ref, words)
+        assert own <= 0.35, words
+        assert all(own < wer(other, words) for other in refs if other is not ref), words
+
+
 def test_two_channels_share_one_batched_recogniser(tmp_path):
     port = free_port()
     channels = file_channels(CLIPS, tmp_path)
@@ -65,7 +81,4 @@ enabled = ["sse"]
     n_items, n_batches = (int(x) for x in re.findall(r"(\d+) requests in (\d+) batches",
                                                       batched[0])[0])
     assert n_items > n_batches  # the two channels' updates went out together
-    for name, clip in zip("ab", CLIPS, strict=True):
-        _, ticks = read_jsonl(tmp_path / f"{name}.jsonl")
-        words = [w["w"] for t in ticks for w in t["committed"]]
-        assert wer(normalise(_reference(clip)), normalise(" ".join(words))) <= 0.25, words
+    assert_each_channel_reads_its_clip(CLIPS, tmp_path)

@@ -141,10 +141,8 @@ def test_subd_run_shares_its_channels_out_over_gpu_processes(tmp_path):
     channel each, and each channel its own clip's words."""
     import re
 
-    from daemon_helpers import free_port, read_jsonl, start_daemon, wait_for
-    from test_batched_daemon import _reference, file_channels
-
-    from subd.scoring.wer import normalise, wer
+    from daemon_helpers import free_port, start_daemon, wait_for
+    from test_batched_daemon import assert_each_channel_reads_its_clip, file_channels
 
     clips = [c for c in CLIPS if c.name.endswith(("0870.wav", "0920.wav"))]
     port = free_port()
@@ -173,7 +171,4 @@ enabled = ["sse"]
     served = dict(re.findall(r"(recognise\.\d): (\d+) requests in \d+ batches", log))
     assert set(served) == {"recognise.0", "recognise.1"}, log[-2000:]
     assert all(int(n) > 0 for n in served.values())
-    for name, clip in zip("ab", clips, strict=True):
-        _, ticks = read_jsonl(tmp_path / f"{name}.jsonl")
-        words = [w["w"] for t in ticks for w in t["committed"]]
-        assert wer(normalise(_reference(clip)), normalise(" ".join(words))) <= 0.25, words
+    assert_each_channel_reads_its_clip(clips, tmp_path)
