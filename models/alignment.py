@@ -143,8 +143,8 @@ def words_from_path(tokenizer: WhisperTokenizer, text_tokens: list[int], known: 
     # words are left out
     n_known_words = int(np.searchsorted(boundaries[1:], known, side="right"))
     out = _tidy_durations(out)[n_known_words:]
-    first = int(boundaries[n_known_words]) if out else known
-    if first < known:  # the prefix ends inside this word
+    first = int(boundaries[n_known_words])  # the first returned word's first token
+    if out and first < known:  # the prefix ends inside this word
         added = tokenizer.decode(list(word_tokens[n_known_words][known - first:]))
         if not any(ch.isalnum() for ch in added):
             # only a mark after the prefix's last word ("circumstances" + ","): that word

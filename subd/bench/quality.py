@@ -277,7 +277,7 @@ def stream_run(sset: SpeechSet, latency_ms: int, args) -> RunScore:
     """One streamed run of the set, or with ``--per-clip`` one of each of its clips, their
     words scored together in the set's order."""
     words, lat = [], []
-    for part in (sset.clips if getattr(args, "per_clip", False) else ()) or (sset,):
+    for part in sset.streams(args.per_clip):
         part_words, t0_ns = streamed(part, latency_ms, args)
         words += part_words
         lat += [(sent - t0_ns - end) / 1e9 for _, _, end, sent in part_words]
@@ -292,7 +292,7 @@ def offline_run(sset: SpeechSet, engine, per_clip: bool = False) -> RunScore:
     from subd.recognise.offline import TranscribeOptions, Transcriber
 
     words = []
-    for part in (sset.clips if per_clip else ()) or (sset,):
+    for part in sset.streams(per_clip):
         for seg in Transcriber(engine, TranscribeOptions()).transcribe_blocks([part.audio]):
             words += seg.words
     return score_words(sset, [(w.text, None) for w in words])

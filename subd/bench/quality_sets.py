@@ -55,6 +55,10 @@ class SpeechSet:
     # transcribes each as a stream of its own, as ``subd stream CLIP`` and ``subd transcribe``
     clips: tuple[SpeechSet, ...] = ()
 
+    def streams(self, per_clip: bool) -> tuple[SpeechSet, ...]:
+        """What is streamed (or transcribed) for this set: each clip alone, or the set."""
+        return (self.clips if per_clip else ()) or (self,)
+
 
 def _clip(key: str) -> ClipRef:
     from subd.bench.punct_e2e import LIBRIVOX_CLIPS

@@ -207,13 +207,14 @@ def after_commit_point(words: list[Word], committed: Sequence[Word], committed_e
 def _said_again(copy: Sequence[Word], said: Sequence[Word]) -> bool:
     """Is ``copy``, the committed words ``said`` in text, the speaker saying them again?
 
-    A copy that Whisper re-states from its context overlaps the committed audio (a forced
-    prefix's last word with a mark after it comes back whole: "again" then "again.") or is
-    squeezed against the commit point; one that was said again starts after it and lies on
-    audio about as long as the first time ("we will not go back, we will not go back": the
-    fourth copy of a chant was dropped as a re-statement). "As long" needs a floor: DTW gives a
-    word squeezed between two others 20 ms ("so am I": "I" committed on 20 ms), and 0.6 of
-    that let a re-stated "I" through on 20 ms of new audio ("so am I I fellow")."""
+    A copy that Whisper re-states from its context overlaps the committed audio or is squeezed
+    against the commit point (a forced prefix's last word with only a mark after it, "again"
+    then "again.", no longer comes back: models.alignment.words_from_path); one that was said
+    again starts after it and lies on audio about as long as the first time ("we will not go
+    back, we will not go back": the fourth copy of a chant was dropped as a re-statement).
+    "As long" needs a floor: DTW gives a word squeezed between two others 20 ms ("so am I":
+    "I" committed on 20 ms), and 0.6 of that let a re-stated "I" through on 20 ms of new audio
+    ("so am I I fellow")."""
     if copy[0].start_ns < said[-1].end_ns - VOTE_SLACK_MS * NS_PER_MS:
         return False
     fresh = copy[-1].end_ns - max(copy[0].start_ns, said[-1].end_ns)
