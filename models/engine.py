@@ -301,11 +301,22 @@ def _default_threads() -> int:
     return max(1, min(len(os.sched_getaffinity(0)), 8))
 
 
+_PROCESSES_SHARING = 1  # this process is one of N live recogniser processes (share_cores)
+
+
+def share_cores(n_processes: int) -> None:
+    """This process is one of ``n_processes`` live recogniser processes on the machine's
+    cores: :func:`live_threads` gives it its share."""
+    global _PROCESSES_SHARING
+    _PROCESSES_SHARING = max(1, n_processes)
+
+
 def live_threads() -> int:
     """Threads for a live recogniser: all cores but one, which stays with the tick clock, the
-    tagger and the outputs. Intra-op threads that must wait for a busy core stall every matrix
-    product (measured on 2 cores: an update took 0.60 s on 2 threads, 0.31 s on 1)."""
-    return max(1, min(len(os.sched_getaffinity(0)) - 1, 8))
+    tagger and the outputs, shared out among the recogniser processes (at least one each).
+    Intra-op threads that must wait for a busy core stall every matrix product (measured on 2
+    cores: an update took 0.60 s on 2 threads, 0.31 s on 1)."""
+    return max(1, min(len(os.sched_getaffinity(0)) - 1, 8) // _PROCESSES_SHARING)
 
 
 def quantize_linears(model: torch.nn.Module, *, inplace: bool = False) -> torch.nn.Module:

@@ -110,12 +110,16 @@ class RecognizerConfig:
     # weights: "auto" = int8 on the CPU, fp16 on CUDA; int8 is CPU only, fp16/bf16 CUDA only
     precision: str = field(default="auto",
                            metadata=choice("auto", "int8", "fp32", "fp16", "bf16"))
-    # every channel's decodes batched in one recogniser (subd.gpu.serve): "auto" = on CUDA
-    # always, on the CPU from 2 channels on; "on"; "off" (one decode at a time, as before)
+    # every channel's decodes batched in one recogniser (subd.gpu.serve): "auto" = on CUDA,
+    # off on the CPU (2 cores: batching does not pay there); "on"; "off" (one decode at a time)
     batched: str = field(default="auto", metadata=choice("auto", "on", "off"))
     # how many batched recogniser processes share the channels (subd.service.sharding): "auto"
     # = 1 on the CPU, on CUDA half the cores (at most 4); or N (1..64)
     gpu_processes: str | int = "auto"
+    # on the CPU (not batched): how many recogniser processes share the channels out, each
+    # deciding one channel's update at a time (subd.service.sharding): "auto" = one per
+    # channel up to the usable cores (at most 4), each with its share of the cores; or N
+    cpu_processes: str | int = "auto"
     # a loaded, idle twin of each stage process takes over at once when one dies or hangs
     # (subd.service.stages): recovery without a model load, for one more model in memory
     spare_process: bool = False
@@ -147,11 +151,12 @@ class RecognizerConfig:
         if self.batched == "off" and self.device.startswith("cuda"):
             raise ConfigError("[recognizer] batched = \"off\": the serial recogniser runs on "
                               "the CPU; device cuda needs batched = \"auto\" or \"on\"")
-        if self.gpu_processes != "auto" and (isinstance(self.gpu_processes, bool) or not
-                                             isinstance(self.gpu_processes, int) or
-                                             not 1 <= self.gpu_processes <= 64):
-            raise ConfigError(f"[recognizer] gpu_processes = {self.gpu_processes!r}: \"auto\" "
-                              "or a whole number of processes, 1..64")
+        for key in ("gpu_processes", "cpu_processes"):
+            value = getattr(self, key)
+            if value != "auto" and (isinstance(value, bool) or not isinstance(value, int)
+                                    or not 1 <= value <= 64):
+                raise ConfigError(f"[recognizer] {key} = {value!r}: \"auto\" or a whole "
+                                  "number of processes, 1..64")
         if self.gpu_update_ms != "auto" and (isinstance(self.gpu_update_ms, bool) or not
                                              isinstance(self.gpu_update_ms, int) or
                                              not 0 <= self.gpu_update_ms <= 10_000):

@@ -60,21 +60,26 @@ async def _words(cw, history, audio, end: int) -> list[str]:
 
 @pytest.mark.skipif(len(CLIPS) < 3 or importlib.util.find_spec("subd.recognise.streaming")
                     is None, reason="needs the LibriVox clips and the streaming recogniser")
-def test_channels_spread_over_shards_and_a_dead_shard_stalls_only_its_own():
+@pytest.mark.parametrize("kind", ["batched", "serial"])
+def test_channels_spread_over_shards_and_a_dead_shard_stalls_only_its_own(kind):
+    """Batched shards (gpu_processes) and serial ones on the CPU (cpu_processes) alike."""
     import numpy as np
 
     from subd.history import AudioHistory
-    from subd.service.sharding import batched_recogniser
+    from subd.service.sharding import batched_recogniser, serial_recogniser
 
     # two different 25 s streams (the clips in turn, forwards and backwards), two channels each
     streams = [np.concatenate([read_wav(c) for c in CLIPS]),
                np.concatenate([read_wav(c) for c in CLIPS[::-1]])]
     audios = [streams[i % 2] for i in range(4)]
-    cfg = config_from_dict({"recognizer": {"batched": "on", "device": "cpu",
-                                           "gpu_processes": 2}}).recognizer
+    cfg = config_from_dict({"recognizer": {"batched": "on" if kind == "batched" else "off",
+                                           "device": "cpu", "gpu_processes": 2,
+                                           "cpu_processes": 2}}).recognizer
 
     async def scenario() -> None:
-        rec = batched_recogniser(cfg, cuda=False, policy=StagePolicy(start_timeout_s=600))
+        policy = StagePolicy(start_timeout_s=600)
+        rec = batched_recogniser(cfg, cuda=False, policy=policy) if kind == "batched" else \
+            serial_recogniser(cfg, len(audios), policy=policy)
         histories = [AudioHistory(40 * 16_000, shared=True) for _ in audios]
         try:
             await rec.start(600)
@@ -141,8 +146,13 @@ def test_subd_run_shares_its_channels_out_over_gpu_processes(tmp_path):
     channel each, and each channel its own clip's words."""
     import re
 
-    from daemon_helpers import free_port, start_daemon, wait_for
-    from test_batched_daemon import assert_each_channel_reads_its_clip, file_channels
+    from daemon_helpers import (
+        assert_each_channel_reads_its_clip,
+        file_channels,
+        free_port,
+        start_daemon,
+        wait_for,
+    )
 
     clips = [c for c in CLIPS if c.name.endswith(("0870.wav", "0920.wav"))]
     port = free_port()

@@ -1,5 +1,6 @@
-"""Stage processes killed or hung under the real daemon (``subd run``, real model, real CRF
-tagger in its own process, two channels looping LibriVox clips): the clock keeps publishing,
+"""Stage processes killed or hung under the real daemon (``subd run``, real model in two
+recogniser processes, one channel each (``cpu_processes``), real CRF tagger in its own process,
+two channels looping LibriVox clips): the clock keeps publishing,
 the stage is respawned, captions resume on both channels, no committed word is lost, the
 channels never fail, and SIGTERM afterwards still exits 0 with complete files.
 
@@ -52,6 +53,8 @@ path = "{out}/{name}.jsonl"
     return f"""
 [tick]
 latency_ms = 1500
+[recognizer]
+cpu_processes = 2
 [server]
 port = {port}
 push_token = "{TOKEN}"
@@ -131,16 +134,17 @@ def fault_and_recover(daemon, stage: str, signum: int) -> dict:
 
 
 def test_a_killed_recogniser_is_respawned_while_both_clocks_go_on(daemon):
-    after = fault_and_recover(daemon, "recognise", signal.SIGKILL)
-    assert "died" in after["stages"]["recognise"]["detail"]
+    after = fault_and_recover(daemon, "recognise.0", signal.SIGKILL)
+    assert "died" in after["stages"]["recognise.0"]["detail"]
+    assert after["stages"]["recognise.1"]["restarts"] == 0  # the other process went on
     for ch in "ab":
         _, ticks = read_jsonl(daemon.out / f"{ch}.jsonl")
         assert [t["k"] for t in ticks] == list(range(len(ticks)))  # not a tick lost
 
 
 def test_a_stopped_recogniser_is_found_hung_killed_and_replaced(daemon):
-    after = fault_and_recover(daemon, "recognise", signal.SIGSTOP)
-    assert "hung" in after["stages"]["recognise"]["detail"]
+    after = fault_and_recover(daemon, "recognise.1", signal.SIGSTOP)
+    assert "hung" in after["stages"]["recognise.1"]["detail"]
 
 
 def test_a_killed_tagger_is_respawned_and_punctuation_goes_on(daemon):

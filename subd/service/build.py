@@ -1,11 +1,12 @@
 """What the daemon builds from its configuration: the recogniser spec, sources (and the guard
-around a channel's source), sinks and their options, the layout stage, the demo clip."""
+around a channel's source), sinks and their options, the tagger, the layout stage, the demo clip."""
 
 from __future__ import annotations
 
 import asyncio
 import importlib.resources
 import importlib.util
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +15,9 @@ from subd.config import ChannelSpec, Config
 from subd.errors import AudioInputError, ConfigError, ModelError
 from subd.pipeline.scheduler import Source
 from subd.server.standalone import serve_if_configured
-from subd.workers.hosts import FactorySpec
+from subd.workers.hosts import FactorySpec, resolve_tagger
+
+log = logging.getLogger("subd.service.build")
 
 DEMO_CLIP = ("data", "demo.wav")
 
@@ -170,3 +173,17 @@ class GuardedSource:
         source.t0_ns = self.t0_ns + offset * NS_PER_S * speed.denominator // (
             SAMPLE_RATE_HZ * speed.numerator)
         return source
+
+
+def tagger_factory(config: Config) -> FactorySpec | None:
+    """The tagger of ``[pipeline] tagger``, with ``[punct]`` as its options where it is the
+    shipped CRF tagger (checked when the tag stage starts, before any channel)."""
+    spec = resolve_tagger(config.pipeline.tagger)
+    punct = config.extra.get("punct", {})
+    if not punct:
+        return spec
+    if spec is None or not spec.target.endswith(":make_punct_stream"):
+        log.warning("[punct] is set but the tagger is %r: its options are not used",
+                    config.pipeline.tagger)
+        return spec
+    return FactorySpec(spec.target, {**spec.kwargs, **punct})

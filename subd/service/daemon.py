@@ -40,6 +40,7 @@ from subd.service.build import (  # noqa: F401 - re-exported: subd stream, bench
     demo_clip_path,
     recognizer_spec,
     sink_options,
+    tagger_factory,
 )
 from subd.service.channel import (
     DRAIN_BUDGET_S,
@@ -51,30 +52,16 @@ from subd.service.context import ChannelContext
 from subd.service.health import HealthMonitor
 from subd.service.metrics import Metrics
 from subd.service.notify import Notifier
-from subd.service.sharding import sharded_recogniser
+from subd.service.sharding import serial_recogniser, sharded_recogniser
 from subd.service.stages import UP, SharedWorker, StagePolicy
 from subd.service.supervisor import FAILED, RUNNING, ChannelSupervisor
 from subd.tasks import start_task
-from subd.workers.hosts import FactorySpec, resolve_tagger
+from subd.workers.hosts import FactorySpec
 from subd.workers.process import InlineWorker, ProcessWorker
 
 log = logging.getLogger("subd.service.daemon")
 
 STATUS_EVERY_S = 5.0
-
-
-def tagger_factory(config: Config) -> FactorySpec | None:
-    """The tagger of ``[pipeline] tagger``, with ``[punct]`` as its options where it is the
-    shipped CRF tagger (checked when the tag stage starts, before any channel)."""
-    spec = resolve_tagger(config.pipeline.tagger)
-    punct = config.extra.get("punct", {})
-    if not punct:
-        return spec
-    if spec is None or not spec.target.endswith(":make_punct_stream"):
-        log.warning("[punct] is set but the tagger is %r: its options are not used",
-                    config.pipeline.tagger)
-        return spec
-    return FactorySpec(spec.target, {**spec.kwargs, **punct})
 
 
 @dataclass
@@ -154,9 +141,14 @@ class Daemon:
         policy = StagePolicy(start_timeout_s=cfg.recognizer.start_timeout_s,
                              spare=cfg.recognizer.spare_process)
         shared_class = BatchingSharedWorker if self._batched() else SharedWorker
-        # several batched processes share the channels (subd.service.sharding), or one process
+        # several batched processes share the channels (subd.service.sharding),
+        # or several serial processes on the CPU (not for a custom recogniser: it decodes on
+        # its own), or one process
+        serial = not (self._batched() or self.recognizer is not None or cfg.recognizer.factory)
         self.recogniser = sharded_recogniser(cfg.recognizer, self._batched(), policy=policy,
                                              on_state=self._on_stage) or \
+            (serial and serial_recogniser(cfg.recognizer, len(cfg.channel_specs()),
+                                          policy=policy, on_state=self._on_stage)) or \
             shared_class(self._recogniser_worker(), policy=policy, on_state=self._on_stage)
         self.tagger_spec = tagger_factory(cfg)
         shared = list(getattr(self.recogniser, "shards", [self.recogniser]))

@@ -36,9 +36,14 @@ class ForChannel:
 
 class MultiplexHost:
     """A worker host serving several channels; ``preload`` (e.g. the model) is built first, so
-    the worker is ready only once the model is loaded."""
+    the worker is ready only once the model is loaded. ``share``: this is one of that many
+    recogniser processes, and takes its share of the cores for torch's threads."""
 
-    def __init__(self, preload: Any | None = None) -> None:
+    def __init__(self, preload: Any | None = None, share: int = 1) -> None:
+        if share > 1:  # one of several recogniser processes: its share of the cores
+            from subd.models.engine import share_cores
+
+            share_cores(share)
         self.shared = preload.build() if preload is not None else None
         self.hosts: dict[str, Any] = {}
 
