@@ -163,6 +163,24 @@ path = "{tmp_path}/{name}.jsonl"
 """ for name, clip in zip("abcdefgh", clips, strict=False))
 
 
+def start_file_channels(tmp: Path, clips, recognizer: str) -> DaemonProc:
+    """``subd run`` with a channel per clip (:func:`file_channels`), D = 2 s, no tagger, SSE
+    only; ``recognizer``: the lines of its [recognizer] table."""
+    port = free_port()
+    return start_daemon(tmp, f"""
+[tick]
+latency_ms = 2000
+[recognizer]
+{recognizer}
+[pipeline]
+tagger = "none"
+[server]
+port = {port}
+[sinks]
+enabled = ["sse"]
+{file_channels(clips, tmp)}""", port)
+
+
 def _reference(path) -> str:
     from subd.bench.realtime import librivox_clips
 

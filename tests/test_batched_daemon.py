@@ -10,9 +10,7 @@ import pytest
 from daemon_helpers import (
     LIBRIVOX,
     assert_each_channel_reads_its_clip,
-    file_channels,
-    free_port,
-    start_daemon,
+    start_file_channels,
     wait_for,
 )
 
@@ -24,21 +22,7 @@ pytestmark = pytest.mark.skipif(
 
 
 def test_two_channels_share_one_batched_recogniser(tmp_path):
-    port = free_port()
-    channels = file_channels(CLIPS, tmp_path)
-    daemon = start_daemon(tmp_path, f"""
-[tick]
-latency_ms = 2000
-[recognizer]
-batched = "on"
-precision = "fp32"
-[pipeline]
-tagger = "none"
-[server]
-port = {port}
-[sinks]
-enabled = ["sse"]
-{channels}""", port)
+    daemon = start_file_channels(tmp_path, CLIPS, 'batched = "on"\nprecision = "fp32"')
     try:
         wait_for(lambda: daemon.log_text().count("published") >= 2, 300,
                  "both channels to finish", daemon.proc, daemon.log)

@@ -12,10 +12,8 @@ import pytest
 from daemon_helpers import (
     LIBRIVOX,
     assert_each_channel_reads_its_clip,
-    file_channels,
-    free_port,
     healthz,
-    start_daemon,
+    start_file_channels,
     wait_for,
 )
 
@@ -66,19 +64,8 @@ CLIPS = [c for c in sorted(LIBRIVOX.glob("*.wav")) if c.name.endswith(("0870.wav
 def test_subd_run_shares_its_channels_out_over_cpu_processes(tmp_path):
     """Two channels, cpu_processes = 2: two recogniser processes (two pids in /healthz), one
     channel on each, and each channel its own clip's words."""
-    port = free_port()
-    daemon = start_daemon(tmp_path, f"""
-[tick]
-latency_ms = 2000
-[recognizer]
-cpu_processes = 2
-[pipeline]
-tagger = "none"
-[server]
-port = {port}
-[sinks]
-enabled = ["sse"]
-{file_channels(CLIPS, tmp_path)}""", port)
+    daemon = start_file_channels(tmp_path, CLIPS, "cpu_processes = 2")
+    port = daemon.port
     stages = {}
     try:
         wait_for(lambda: healthz(port)[0] == 200, 300, "the daemon to serve", daemon.proc,

@@ -146,30 +146,10 @@ def test_subd_run_shares_its_channels_out_over_gpu_processes(tmp_path):
     channel each, and each channel its own clip's words."""
     import re
 
-    from daemon_helpers import (
-        assert_each_channel_reads_its_clip,
-        file_channels,
-        free_port,
-        start_daemon,
-        wait_for,
-    )
+    from daemon_helpers import assert_each_channel_reads_its_clip, start_file_channels, wait_for
 
     clips = [c for c in CLIPS if c.name.endswith(("0870.wav", "0920.wav"))]
-    port = free_port()
-    channels = file_channels(clips, tmp_path)
-    daemon = start_daemon(tmp_path, f"""
-[tick]
-latency_ms = 2000
-[recognizer]
-batched = "on"
-gpu_processes = 2
-[pipeline]
-tagger = "none"
-[server]
-port = {port}
-[sinks]
-enabled = ["sse"]
-{channels}""", port)
+    daemon = start_file_channels(tmp_path, clips, 'batched = "on"\ngpu_processes = 2')
     try:
         wait_for(lambda: daemon.log_text().count("published") >= 2, 300,
                  "both channels to finish", daemon.proc, daemon.log)
