@@ -175,6 +175,18 @@ class GuardedSource:
         return source
 
 
+def serial_host_spec(model: str | None, share: int = 1) -> FactorySpec:
+    """The serial recogniser process's host: channels attach their recognisers to it, over
+    ``model``'s engine loaded first (None: nothing preloaded, a custom recogniser decodes on
+    its own); ``share``: one of that many such processes (subd.service.sharding)."""
+    preload = None
+    if model is not None:
+        recognizer_spec(model)  # a clear error if the recogniser is not installed
+        preload = FactorySpec("subd.service.supervisor:shared_engine", {"model": model})
+    return FactorySpec("subd.service.supervisor:MultiplexHost", {"preload": preload,
+                                                                 "share": share})
+
+
 def tagger_factory(config: Config) -> FactorySpec | None:
     """The tagger of ``[pipeline] tagger``, with ``[punct]`` as its options where it is the
     shipped CRF tagger (checked when the tag stage starts, before any channel)."""

@@ -39,6 +39,7 @@ from subd.service.build import (  # noqa: F401 - re-exported: subd stream, bench
     build_source,
     demo_clip_path,
     recognizer_spec,
+    serial_host_spec,
     sink_options,
     tagger_factory,
 )
@@ -126,11 +127,8 @@ class Daemon:
             if cfg.process:
                 return ProcessWorker("recognise", host)
             return InlineWorker("recognise", host.build(), self.clock)
-        preload = None
-        if self.recognizer is None and not cfg.factory:
-            recognizer_spec(cfg.model)  # a clear error if the recogniser is not installed
-            preload = FactorySpec("subd.service.supervisor:shared_engine", {"model": cfg.model})
-        host = FactorySpec("subd.service.supervisor:MultiplexHost", {"preload": preload})
+        host = serial_host_spec(cfg.model if self.recognizer is None and not cfg.factory
+                                else None)
         if cfg.process:
             return ProcessWorker("recognise", host)
         return InlineWorker("recognise", host.build(), self.clock)

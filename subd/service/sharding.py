@@ -196,16 +196,13 @@ def serial_recogniser(cfg: Any, n_channels: int, **kwargs: Any) -> ShardedRecogn
     loading the model (``cfg.model``) and deciding one channel's update at a time, or None
     where that resolves to one process (one process, as ever). ``kwargs`` go to each shard's
     :class:`SharedWorker` (policy, on_state)."""
-    from subd.service.build import recognizer_spec
-    from subd.workers.hosts import FactorySpec
+    from subd.service.build import serial_host_spec
     from subd.workers.process import ProcessWorker
 
     n = cpu_process_count(cfg.cpu_processes, n_channels)
     if not cfg.process or n < 2:
         return None
-    recognizer_spec(cfg.model)  # a clear error if the recogniser is not installed
-    preload = FactorySpec("subd.service.supervisor:shared_engine", {"model": cfg.model})
-    host = FactorySpec("subd.service.supervisor:MultiplexHost", {"preload": preload, "share": n})
+    host = serial_host_spec(cfg.model, share=n)
     log.info("recognise: %d processes share the channels, one update at a time each", n)
     return ShardedRecogniser([SharedWorker(ProcessWorker(f"recognise.{k}", host), **kwargs)
                               for k in range(n)])
