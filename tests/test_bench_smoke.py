@@ -65,3 +65,25 @@ def test_realtime_prints_both_pipelines_and_writes_the_plot(tmp_path, speech_cli
     for key in ("committed_latency_p95_ms", "time_to_first_caption_s", "wer"):
         assert re.search(rf"^\s+{key}\s+[\d.]+$", naive_part, re.M), key
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_daemon_runs_subd_run_per_cpu_processes_setting_and_prints_each_channel(speech_clips):
+    """bench daemon: one real ``subd run`` per setting, the baseline first, each channel's
+    figures from its events log (the 4-channel figures of issue 17 are its default run)."""
+    out = bench("daemon", "--channels", "2", "--seconds", "10", "--processes", "1,2",
+                timeout_s=600)
+    assert re.findall(r"cpu_processes = (\w+) \((\d+) recogniser processes\)", out) == [
+        ("1", "1"), ("2", "2")]
+    assert re.search(r"recognise\.0 \d+ %, recognise\.1 \d+ %", out)  # each process's CPU
+    rows = re.findall(r"^\s+(c\d)\s+(\d+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+(\d+)%\s+(\d+)"
+                      r"\s+([\d.]+)$", out, re.M)
+    assert [r[0] for r in rows] == ["c0", "c1", "c0", "c1"]
+    for _name, words, p50, p95, worst, within, updates, wer in rows:
+        assert int(words) > 0 and int(updates) > 0 and 0 <= int(within) <= 100
+        assert 0 < float(p50) <= float(p95) <= float(worst)
+        assert float(wer) < 50  # each channel read its own clips
+    summary = re.findall(r"^\s+(1|2)\s+1\s+([\d.]+)\s+([01])/1\s+\d+\s+\d+\s+\d+\s+\d+\s+[\d.]+$",
+                         out, re.M)
+    assert [s[0] for s in summary] == ["1", "2"]
+    assert re.search(r"worst channel's p95 against cpu_processes = 1: 2 [\d.]+ s \([\d.]+x\)",
+                     out)

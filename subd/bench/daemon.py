@@ -1,0 +1,278 @@
+"""``subd bench daemon``: several channels in one ``subd run``, as a user runs them, with each
+``[recognizer] cpu_processes`` setting asked for, in the same run.
+
+Each channel is a file source played once in real time: the project's dev and held-out clips
+(``subd bench quality``'s sets) joined with 0.25 s gaps, each channel starting at another clip,
+so the channels speak at once but not in step. The daemon is ``subd run`` itself, with its
+default pipeline (the CRF tagger in its own process) and the SSE sink; its events logs and
+``/metrics`` give the figures. Settings alternate within each of ``--runs`` rounds, so a
+baseline (``1``: one serial recogniser process for every channel) and the system under test
+meet the same machine load.
+
+Per channel: words shown (the publication time of the tick that first carries a word as
+committed, minus the word's end; p50, p95, max, and the share within D + 0.3 s), recogniser
+updates, and the WER of its committed words against its clips' transcripts. Per run: deadline
+misses, fallbacks and degraded ticks (``/metrics``), the publish-time error p99 (the events
+logs' ``sent_ns - due_ns``), and the CPU each process of the daemon took while the audio
+played (a share of one core).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from subd.bench.edge import _free_port, _json, _wait
+from subd.bench.fanout import percentile
+
+NS_PER_S = 1_000_000_000
+RATE = 16_000
+GAP = RATE // 4
+START_LIMIT_S = 300.0
+SHOWN_SLACK_S = 0.3  # issue 17: every channel's words within D + 0.3 s at p95
+COUNTERS = ("deadline_misses", "fallbacks", "degraded_ticks")  # as the log line orders them
+
+
+def channel_audio(n_channels: int, seconds: float) -> list[tuple[Any, list[str]]]:
+    """(audio, reference words) per channel: the dev and held-out clips in turn, channel i
+    starting at clip i * len / n, at least ``seconds`` long (whole clips)."""
+    import numpy as np
+
+    from subd.bench.quality_sets import SETS, build_set
+
+    clips = [c for name in ("dev", "heldout") for c in build_set(name, SETS[name]).clips]
+    gap = np.zeros(GAP, np.float32)
+    out = []
+    for i in range(n_channels):
+        first = i * len(clips) // n_channels
+        order, n = [], 0
+        for j in range(len(clips)):
+            clip = clips[(first + j) % len(clips)]
+            order.append(clip)
+            n += len(clip.audio) + GAP
+            if n >= seconds * RATE:
+                break
+        audio = np.concatenate([x for c in order for x in (c.audio, gap)])
+        out.append((audio, [w for c in order for w in c.words]))
+    return out
+
+
+def _config(port: int, latency_ms: int, processes: str, wavs: list[Path], logs: list[Path],
+            model: str) -> str:
+    value = f'"{processes}"' if processes == "auto" else processes
+    channels = "".join(f"""
+[channels.c{i}.source]
+kind = "file"
+path = "{wav}"
+loop = false
+[channels.c{i}.events]
+path = "{log}"
+""" for i, (wav, log) in enumerate(zip(wavs, logs, strict=True)))
+    return f"""
+[recognizer]
+model = "{model}"
+cpu_processes = {value}
+[tick]
+latency_ms = {latency_ms}
+[server]
+port = {port}
+[sinks]
+enabled = ["sse"]
+{channels}"""
+
+
+def _cpu_s(pid: int) -> float | None:
+    """CPU seconds (user + system) a process has taken; None once it is gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _updates(metrics: str) -> dict[str, int]:
+    """Recognition updates per channel, from ``/metrics``."""
+    return {ch: int(float(n)) for ch, n in re.findall(
+        r'^subd_stage_duration_seconds_count\{channel="([^"]*)",stage="recognise"\} (\S+)$',
+        metrics, re.M)}
+
+
+def _published(log: str) -> dict[str, dict[str, int]]:
+    """Each channel's closing counts, from the daemon's log ("channel c0: published ...")."""
+    return {m[0]: dict(zip(("ticks", *COUNTERS), map(int, m[1:]), strict=True))
+            for m in re.findall(r"channel (\S+): published (\d+) ticks: (\d+) deadline misses, "
+                                r"(\d+) fallbacks, \d+ stale slots, (\d+) degraded", log)}
+
+
+def _run_once(tmp: Path, args: argparse.Namespace, processes: str,
+              audio: list[tuple[Any, list[str]]], wavs: list[Path]) -> dict[str, Any]:
+    from subd.errors import UserError
+    from subd.scoring.wer import normalise, wer
+    from subd.sinks.events_log import read_events
+
+    tag = f"p{processes}-{len(list(tmp.glob('p*.toml')))}"
+    logs = [tmp / f"{tag}-c{i}.jsonl" for i in range(len(wavs))]
+    port = _free_port()
+    config = tmp / f"{tag}.toml"
+    config.write_text(_config(port, args.latency_ms, processes, wavs, logs, args.model))
+    log = tmp / f"{tag}.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "subd.cli", "run", "--config",
+                                 str(config)], stdout=out, stderr=subprocess.STDOUT)
+    try:
+        def alive() -> bool:
+            if proc.poll() is not None:
+                raise UserError(f"bench daemon: subd run exited {proc.returncode} (see {log})")
+            return True
+
+        def ready() -> dict | None:
+            alive()
+            health = _json(port, "/healthz")
+            return health["stages"] if health.get("status") == "ok" else None
+
+        stages = _wait(ready, START_LIMIT_S, f"subd run to serve ({log})")
+        pids = {"daemon": proc.pid, **{name: s["pid"] for name, s in stages.items()
+                                       if s.get("pid")}}
+        cpu0, t0 = {name: _cpu_s(pid) for name, pid in pids.items()}, time.monotonic()
+        seen: dict[str, Any] = {"at": 0.0}
+
+        def finished() -> bool:
+            alive()
+            now = time.monotonic()
+            if now - seen["at"] >= 2:  # the daemon exits with its last channel: read as it goes
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+                    seen["updates"] = _updates(r.read().decode())
+                cpu = {name: _cpu_s(pid) for name, pid in pids.items()}
+                if None not in cpu.values():  # not while the daemon is stopping
+                    seen["cpu"] = {name: (cpu[name] - cpu0[name]) / (now - t0) for name in cpu}
+                seen["at"] = now
+            return log.read_text(errors="replace").count(": published ") >= len(wavs)
+
+        longest = max(len(a) for a, _ in audio) / RATE
+        _wait(finished, longest + 120, f"every channel to finish ({log})")
+        proc.wait(60)  # its last channel done, the daemon stops by itself
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+    limit = args.latency_ms / 1000 + SHOWN_SLACK_S
+    channels, errors_ms = [], []
+    for i, (path, (_, ref)) in enumerate(zip(logs, audio, strict=True)):
+        start, ticks = read_events(path)
+        shown = [(t["due_ns"] - start["t0_ns"]) / NS_PER_S - w["end_ms"] / 1000
+                 for t in ticks for w in t["committed"]]
+        words = [w["w"] for t in ticks for w in t["committed"]]
+        errors_ms += [abs(t["sent_ns"] - t["due_ns"]) / 1e6 for t in ticks]
+        name = f"c{i}"
+        channels.append(dict(
+            name=name, words=len(shown), p50=percentile(shown, 0.5) if shown else float("nan"),
+            p95=percentile(shown, 0.95) if shown else float("nan"),
+            max=max(shown, default=float("nan")),
+            within=sum(s <= limit for s in shown) / max(1, len(shown)),
+            updates=seen.get("updates", {}).get(name, 0),
+            wer=wer(ref, normalise(" ".join(words)))))
+    counts = _published(log.read_text(errors="replace"))
+    totals = {k: sum(c[k] for c in counts.values()) for k in COUNTERS}
+    return dict(processes=processes, channels=channels, totals=totals, cpu=seen.get("cpu", {}),
+                publish_p99_ms=percentile(errors_ms, 0.99) if errors_ms else float("nan"),
+                recognisers=sum(name.startswith("recognise") for name in pids))
+
+
+def run(args: argparse.Namespace) -> int:
+    import soundfile as sf
+
+    from subd.errors import UserError
+
+    settings = [s.strip() for s in args.processes.split(",") if s.strip()]
+    if not 1 <= args.channels <= 16 or args.runs < 1 or args.seconds <= 0 or not settings \
+            or any(s != "auto" and not (s.isdigit() and 1 <= int(s) <= 64) for s in settings):
+        raise UserError("daemon: need --channels in 1..16, --runs >= 1, --seconds > 0 and "
+                        "--processes a comma list of 'auto' and counts 1..64")
+    audio = channel_audio(args.channels, args.seconds)
+    load_start = os.getloadavg()
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="subd-bench-daemon-") as tmp_name:
+        tmp = Path(tmp_name)
+        wavs = []
+        for i, (samples, _) in enumerate(audio):
+            wavs.append(tmp / f"c{i}.wav")
+            sf.write(wavs[-1], samples, RATE, subtype="PCM_16")
+        for r in range(args.runs):
+            for processes in settings:
+                row = _run_once(tmp, args, processes, audio, wavs)
+                row["run"] = r + 1
+                rows.append(row)
+                _print_row(row, args)
+    load_end = os.getloadavg()
+    limit = args.latency_ms / 1000 + SHOWN_SLACK_S
+    print(f"\nsubd bench daemon: {args.channels} channels of {args.model} in one subd run, "
+          f"D = {args.latency_ms} ms, {len(os.sched_getaffinity(0))} usable cores, audio "
+          f"{min(len(a) for a, _ in audio) / RATE:.0f}-{max(len(a) for a, _ in audio) / RATE:.0f}"
+          f" s a channel (dev and held-out clips), load average {load_start[0]:.2f} at the "
+          f"start, {load_end[0]:.2f} at the end")
+    print(f"{'cpu_processes':>14} {'runs':>5} {'worst p95 s':>12} {'met':>6} {'misses':>7} "
+          f"{'fallbacks':>10} {'degraded':>9} {'updates/ch':>11} {'WER %':>6}")
+    summary = {}
+    for processes in settings:
+        mine = [row for row in rows if row["processes"] == processes]
+        worst = [max(c["p95"] for c in row["channels"]) for row in mine]
+        met = sum(w <= limit and not row["totals"]["deadline_misses"]
+                  and not row["totals"]["fallbacks"] for w, row in zip(worst, mine, strict=True))
+        chans = [c for row in mine for c in row["channels"]]
+        summary[processes] = max(worst)
+        print(f"{processes:>14} {len(mine):>5} {max(worst):>12.2f} {f'{met}/{len(mine)}':>6} "
+              f"{sum(r['totals']['deadline_misses'] for r in mine):>7} "
+              f"{sum(r['totals']['fallbacks'] for r in mine):>10} "
+              f"{sum(r['totals']['degraded_ticks'] for r in mine):>9} "
+              f"{sum(c['updates'] for c in chans) / len(chans):>11.0f} "
+              f"{100 * sum(c['wer'] for c in chans) / len(chans):>6.1f}")
+    print(f"met: every channel's words shown within D + {SHOWN_SLACK_S} s = {limit:.1f} s at "
+          f"p95, with 0 deadline misses and 0 fallbacks")
+    if len(settings) > 1:
+        base = settings[0]
+        print("worst channel's p95 against cpu_processes = " + base + ": " + ", ".join(
+            f"{s} {summary[s]:.2f} s ({summary[s] / summary[base]:.2f}x)" for s in settings[1:]))
+    return 0
+
+
+def _print_row(row: dict[str, Any], args: argparse.Namespace) -> None:
+    t = row["totals"]
+    cpu = ", ".join(f"{name} {100 * share:.0f} %" for name, share in row["cpu"].items())
+    print(f"run {row['run']}, cpu_processes = {row['processes']} ({row['recognisers']} "
+          f"recogniser processes): misses {t['deadline_misses']}, fallbacks {t['fallbacks']}, "
+          f"degraded ticks {t['degraded_ticks']}, publish error p99 "
+          f"{row['publish_p99_ms']:.3f} ms; CPU of a core while playing: {cpu}")
+    print(f"  {'channel':>8} {'words':>6} {'p50 s':>6} {'p95 s':>6} {'max s':>6} "
+          f"{'within':>7} {'updates':>8} {'WER %':>6}")
+    for c in row["channels"]:
+        print(f"  {c['name']:>8} {c['words']:>6} {c['p50']:>6.2f} {c['p95']:>6.2f} "
+              f"{c['max']:>6.2f} {100 * c['within']:>6.0f}% {c['updates']:>8} "
+              f"{100 * c['wer']:>6.1f}")
+    sys.stdout.flush()
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("daemon", help="channels in one subd run, per cpu_processes")
+    p.add_argument("--channels", type=int, default=4, help="file channels, played at once")
+    p.add_argument("--processes", default="1,auto",
+                   help="[recognizer] cpu_processes settings, the first the baseline")
+    p.add_argument("--runs", type=int, default=1, help="rounds, each setting once a round")
+    p.add_argument("--seconds", type=float, default=80.0,
+                   help="audio per channel, in whole clips (all of them: 85 s)")
+    p.add_argument("--latency-ms", type=int, default=2000, help="D")
+    p.add_argument("--model", default="tiny.en", help="[recognizer] model")
+    p.set_defaults(func=run)
