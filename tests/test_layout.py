@@ -134,6 +134,25 @@ def test_apply_marks_the_open_cue_uncommitted() -> None:
     assert state.cues == (Cue(1, 0, 300 * MS, ("Hello",), committed=False),)
 
 
+def test_the_open_cue_is_laid_out_again_only_when_its_words_change() -> None:
+    """Each tick's open cue is the one its words give now, yet ticks that bring no word and
+    close no cue reuse the last layout (30 a second per channel, most of them without words)."""
+    layout = CueLayout()
+    fresh = layout._lay_out_open
+    calls = []
+    layout._lay_out_open = lambda: calls.append(1) or fresh()  # type: ignore[method-assign]
+    ticks = changed = 0
+    for state in script_states(script_words(SPEECH, words_per_s=2.5)):
+        n_before = layout.stats.n_cues
+        out = layout.apply(state)
+        ticks += 1
+        changed += bool(state.committed) or layout.stats.n_cues != n_before
+        open_now = [c for c in out.cues if not c.committed]
+        assert open_now == ([fresh()] if fresh() is not None else [])
+    assert changed < ticks / 4  # the script: words every 0.4 s, ticks every 33 ms
+    assert len(calls) <= changed + 1
+
+
 def test_case_and_punctuation_are_applied() -> None:
     word = TaggedWord(Word("bbc", 0, 1), "bbc", punct="?", case="upper")
     assert token_of(word).text == "BBC?"
