@@ -206,7 +206,8 @@ def run(args: argparse.Namespace) -> int:
     load_start = os.getloadavg()
     rows = []
     with tempfile.TemporaryDirectory(prefix="subd-bench-daemon-") as tmp_name:
-        tmp = Path(tmp_name)
+        tmp = Path(args.keep or tmp_name)
+        tmp.mkdir(parents=True, exist_ok=True)
         wavs = []
         for i, (samples, _) in enumerate(audio):
             wavs.append(tmp / f"c{i}.wav")
@@ -275,4 +276,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="audio per channel, in whole clips (all of them: 85 s)")
     p.add_argument("--latency-ms", type=int, default=2000, help="D")
     p.add_argument("--model", default="tiny.en", help="[recognizer] model")
+    p.add_argument("--keep", metavar="DIR",
+                   help="write the audio, configurations, daemon logs and events logs here")
     p.set_defaults(func=run)

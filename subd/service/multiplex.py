@@ -59,7 +59,7 @@ class MultiplexHost:
             settle_heap(dropped)  # the channel's host lives as long as the channel
             return True
         if isinstance(request, Detach):
-            settle_heap(self._close(request.channel))
+            settle_heap(self._close(request.channel), idle=not self.hosts)
             return True
         raise TypeError(f"unexpected request {type(request).__name__}")
 
