@@ -20,6 +20,7 @@ import heapq
 import itertools
 import logging
 import os
+import sys
 import time
 from fractions import Fraction
 from typing import Protocol, runtime_checkable
@@ -198,6 +199,18 @@ def request_realtime_priority(priority: int = 10, *, who: str = "publisher") -> 
         return False
     log.info("%s: running at SCHED_FIFO priority %d", who, priority)
     return True
+
+
+def share_gil_within_spin(spin_ns: int = SPIN_NS) -> None:
+    """Let the tick clock's thread take the interpreter lock back well within its spin margin.
+
+    Another thread of the process that holds the lock (``/metrics`` renders in one: 10 ms of
+    pure Python with 4 channels) is asked to drop it only after the switch interval, 5 ms by
+    default: a clock waking at T(k) - 1 ms to spin then published up to 4 ms late. Measured
+    with 4 channels and a scrape every 200 ms (ticks over 1 ms late of 3600, p99): rendered on
+    the loop 153, 8.6 ms; in a thread with a switch interval of 0.5 ms 92, 1.5 ms, of 0.1 ms
+    12, 0.13 ms, about as many as with no scrape at all (6). So a tenth of the margin."""
+    sys.setswitchinterval(spin_ns / 10 / 1e9)
 
 
 def drop_realtime_priority() -> None:

@@ -8,7 +8,10 @@ They read what the service hands the server (a health monitor with ``report()`` 
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import json
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from aiohttp import web
@@ -44,8 +47,20 @@ def metrics_handler(metrics: Any):
     """An aiohttp handler serving ``metrics`` in the Prometheus text format."""
 
     async def handle_metrics(request: web.Request) -> web.Response:
-        # Rendering is pure Python; a few hundred series take well under a millisecond.
-        body = metrics.render()
+        # Rendering is pure Python: 10 ms for 4 channels' ~600 series, which on the event
+        # loop made every scrape publish ticks up to 17 ms late. It runs in a thread of its
+        # own (not the default executor, which blocking source reads may fill), and the tick
+        # clock takes the interpreter lock back in time (subd.clock.share_gil_within_spin).
+        loop = asyncio.get_running_loop()
+        body = await loop.run_in_executor(_render_thread(), metrics.render)
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     return handle_metrics
+
+
+@functools.cache
+def _render_thread() -> ThreadPoolExecutor:
+    from subd.clock import drop_realtime_priority  # the loop's SCHED_FIFO is not for it
+
+    return ThreadPoolExecutor(1, thread_name_prefix="subd-metrics",
+                              initializer=drop_realtime_priority)

@@ -26,7 +26,7 @@ from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from typing import Any
 
-from subd.clock import Clock, MonotonicClock, request_realtime_priority
+from subd.clock import Clock, MonotonicClock, request_realtime_priority, share_gil_within_spin
 from subd.config import ChannelSpec, Config, nvidia_present
 from subd.pipeline.scheduler import Observer, Source
 from subd.pipeline.tickstats import Counters
@@ -242,6 +242,7 @@ class Daemon:
                                     for ch in self.channels.values()])
                 if any(s.tick.realtime for s in specs):
                     request_realtime_priority()
+                    share_gil_within_spin()
                 self.notifier.ready(self.status_line())
                 housekeeping = start_task(self._housekeeping(), "housekeeping")
                 stack.callback(housekeeping.cancel)
