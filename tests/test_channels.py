@@ -194,6 +194,23 @@ def test_stopping_one_channel_leaves_the_others():
     asyncio.run(main())
 
 
+def test_a_new_channel_is_not_failed_before_its_first_tick_is_due():
+    """A channel's first tick comes D after its audio: with D = 4 s, /healthz said "no tick
+    published since start" (503) from 2 s on, until that tick."""
+    from subd.service.health import HealthLimits
+
+    clock = FakeClock()
+    health = HealthMonitor(HealthLimits(stall_after_ns=2 * S), now_ns=clock.now_ns)
+    health.set_model_loaded()
+    health.add_channel("slow", latency_ns=4 * S)
+    health.add_channel("quick", latency_ns=S // 2)
+    clock.t_ns += 3 * S
+    assert health.channel("slow").problems == ()
+    assert health.channel("quick").problems == ("no tick published since start",)
+    clock.t_ns += 3 * S + 1
+    assert health.channel("slow").problems == ("no tick published since start",)
+
+
 def test_healthz_reports_sources_stalls_and_the_model_over_http():
     from aiohttp import ClientSession, web
     from aiohttp.test_utils import TestServer

@@ -201,7 +201,7 @@ class Daemon:
 
     def _start_channel(self, spec: ChannelSpec) -> None:
         ch = self.channels[spec.name] = self._new_channel(spec)
-        self.health.add_channel(spec.name)
+        self.health.add_channel(spec.name, spec.tick.latency_ms * 1_000_000)
         self.metrics.channel(spec.name)
         if self.supervise:
             self._tasks[spec.name] = self.supervisor.start(ch)

@@ -100,12 +100,13 @@ def _round(value: float | None) -> float | None:
 
 class _ChannelFacts:
     __slots__ = (
-        "added_ns", "last_tick_k", "last_tick_ns", "lag_ns", "source_up", "source_detail",
-        "state", "state_detail",
+        "added_ns", "first_tick_ns", "last_tick_k", "last_tick_ns", "lag_ns", "source_up",
+        "source_detail", "state", "state_detail",
     )
 
-    def __init__(self, added_ns: int) -> None:
+    def __init__(self, added_ns: int, first_tick_ns: int = 0) -> None:
         self.added_ns = added_ns
+        self.first_tick_ns = first_tick_ns  # D: a channel's first tick is due D after its audio
         self.last_tick_k: int | None = None
         self.last_tick_ns: int | None = None
         self.lag_ns: int | None = None
@@ -142,9 +143,12 @@ class HealthMonitor:
         return {n: {"state": st, "detail": d, "pid": pid, "restarts": r}
                 for n, (st, d, pid, r) in self._stages.items()}
 
-    def add_channel(self, name: str) -> None:
+    def add_channel(self, name: str, latency_ns: int = 0) -> None:
+        """``latency_ns``: the channel's D. Its first tick is published D after its first audio,
+        so "no tick since start" waits ``stall_after_ns`` past that (with D = 4 s the daemon said
+        "fail" for the first 2 s of every channel, and for a moment with D = 2 s)."""
         if name not in self._channels:
-            self._channels[name] = _ChannelFacts(self._now_ns())
+            self._channels[name] = _ChannelFacts(self._now_ns(), latency_ns)
 
     def remove_channel(self, name: str) -> None:
         self._channels.pop(name, None)
@@ -195,7 +199,7 @@ class HealthMonitor:
         if facts.state == STANDBY:
             pass  # its clock runs on the daemon holding the lease
         elif facts.last_tick_ns is None:
-            if now_ns - facts.added_ns > self.limits.stall_after_ns:
+            if now_ns - facts.added_ns > self.limits.stall_after_ns + facts.first_tick_ns:
                 problems.append("no tick published since start")
         else:
             gap_ns = now_ns - facts.last_tick_ns
