@@ -220,12 +220,34 @@ class TagResult:
 
 def make_punct_stream(**config: Any) -> StreamTagger:
     """The CRF tagger behind subd.punct.stream, with its shipped weights."""
-    from subd.models.punct import PunctTagger
     from subd.punct.marks import ScriptTagger
     from subd.punct.stream import PunctConfig, PunctStream
 
     # Chinese and Japanese words keep the recogniser's marks (subd.punct.marks)
-    return PunctStream(ScriptTagger(PunctTagger.load()), PunctConfig(**config) if config else None)
+    return PunctStream(ScriptTagger(shipped_tagger()), PunctConfig(**config) if config else None)
+
+
+_TAGGERS: dict[tuple[int, int], Any] = {}
+
+
+def shipped_tagger() -> Any:
+    """The shipped CRF tagger, loaded once in this process (again if its manifest changes,
+    as `subd train-punct` rewrites it) and shared by every channel: a channel's state is its
+    own PunctStream, and the tagger itself keeps none. Loaded for each channel, it took 40-48
+    ms (hashing, unpickling, building the net) in the tag process that serves the others, so
+    a channel that joined or restarted held their tag passes back."""
+    from subd.models.punct import PunctTagger
+    from subd.models.punct.tagger import MANIFEST_NAME, PACKAGE_DIR
+
+    try:
+        stat = (PACKAGE_DIR / MANIFEST_NAME).stat()
+    except OSError:
+        return PunctTagger.load()  # says what is missing
+    key = (stat.st_mtime_ns, stat.st_size)
+    if key not in _TAGGERS:
+        _TAGGERS.clear()
+        _TAGGERS[key] = PunctTagger.load()
+    return _TAGGERS[key]
 
 
 def resolve_tagger(spec: str) -> FactorySpec | None:
