@@ -153,11 +153,14 @@ class ShardedRecogniser:
         await asyncio.gather(*(s.close(timeout_s) for s in self.shards))
 
 
-def build_shards(make_worker, n_shards: int, **kwargs: Any) -> ShardedRecogniser:
-    """``n_shards`` supervised shards; ``make_worker(name, index)`` gives each one's (unstarted)
-    worker, named ``recognise.K`` so that health and the logs tell them apart."""
-    log.info("recognise: %d batched processes share the channels", n_shards)
-    return ShardedRecogniser([BatchingSharedWorker(make_worker(f"recognise.{k}", k), **kwargs)
+def build_shards(make_worker, n_shards: int, shard: type = BatchingSharedWorker,
+                 how: str = "batched processes share the channels",
+                 **kwargs: Any) -> ShardedRecogniser:
+    """``n_shards`` supervised shards of class ``shard`` (batching, or serial:
+    :class:`SharedWorker`); ``make_worker(name, index)`` gives each one's (unstarted) worker,
+    named ``recognise.K`` so that health and the logs tell them apart."""
+    log.info("recognise: %d %s", n_shards, how)
+    return ShardedRecogniser([shard(make_worker(f"recognise.{k}", k), **kwargs)
                               for k in range(n_shards)])
 
 
@@ -203,6 +206,5 @@ def serial_recogniser(cfg: Any, n_channels: int, **kwargs: Any) -> ShardedRecogn
     if not cfg.process or n < 2:
         return None
     host = serial_host_spec(cfg.model, share=n)
-    log.info("recognise: %d processes share the channels, one update at a time each", n)
-    return ShardedRecogniser([SharedWorker(ProcessWorker(f"recognise.{k}", host), **kwargs)
-                              for k in range(n)])
+    return build_shards(lambda name, _k: ProcessWorker(name, host), n, SharedWorker,
+                        "processes share the channels, one update at a time each", **kwargs)
