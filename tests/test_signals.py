@@ -168,6 +168,41 @@ def test_sighups_during_a_reload_coalesce():
     assert calls == [0, 1]
 
 
+def test_a_reload_reads_its_file_off_the_event_loop():
+    """Reading and checking a configuration took 30 ms; on the event loop every channel's next
+    tick went out that much late at each SIGHUP. The loop keeps running while it loads."""
+    import threading
+    import time
+
+    seen = {}
+
+    def load():
+        seen["thread"] = threading.get_ident()
+        time.sleep(0.2)  # a slow load
+        return {"new": True}
+
+    async def main() -> int:
+        beats = 0
+
+        async def beat() -> None:
+            nonlocal beats
+            while True:
+                await asyncio.sleep(0.01)
+                beats += 1
+
+        reloader = Reloader({"new": False}, load, lambda new: None)
+        task = asyncio.create_task(beat())
+        try:
+            assert await reloader()
+        finally:
+            task.cancel()
+        assert reloader.current == {"new": True}
+        return beats
+
+    assert asyncio.run(main()) >= 5
+    assert seen["thread"] != threading.get_ident()
+
+
 def test_real_process_exits_zero_on_sigterm_after_draining():
     script = textwrap.dedent(
         """
