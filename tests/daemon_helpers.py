@@ -203,3 +203,24 @@ def assert_each_channel_reads_its_clip(clips, tmp_path) -> None:
         own = wer(ref, words)
         assert own <= 0.35, words
         assert all(own < wer(other, words) for other in refs if other is not ref), words
+
+
+async def beats_during(awaitable, period_s: float = 0.01) -> tuple[object, int]:
+    """(``awaitable``'s result, how many ``period_s`` timers the event loop ran meanwhile): a
+    loop that something blocks runs none."""
+    import asyncio
+
+    beats = 0
+
+    async def beat() -> None:
+        nonlocal beats
+        while True:
+            await asyncio.sleep(period_s)
+            beats += 1
+
+    task = asyncio.create_task(beat())
+    try:
+        result = await awaitable
+    finally:
+        task.cancel()
+    return result, beats

@@ -6,6 +6,7 @@ import asyncio
 
 from aiohttp import ClientSession, web
 from aiohttp.test_utils import TestServer
+from daemon_helpers import beats_during
 from prometheus_client.parser import text_string_to_metric_families
 
 from subd.service.metrics import Metrics, metrics_handler
@@ -103,19 +104,7 @@ def test_a_scrape_renders_off_the_event_loop_while_the_loop_keeps_ticking():
     metrics.channel("c0").published(due_ns=0, sent_ns=0)
 
     async def run() -> tuple[int, str]:
-        beats = 0
-
-        async def beat() -> None:
-            nonlocal beats
-            while True:
-                await asyncio.sleep(0.01)
-                beats += 1
-
-        task = asyncio.create_task(beat())
-        try:
-            _, text = await _scrape(metrics)
-        finally:
-            task.cancel()
+        (_, text), beats = await beats_during(_scrape(metrics))
         return beats, text
 
     beats, text = asyncio.run(run())

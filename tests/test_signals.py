@@ -12,6 +12,7 @@ import sys
 import textwrap
 
 import pytest
+from daemon_helpers import beats_during
 
 from subd.errors import ConfigError
 from subd.service.notify import Notifier
@@ -182,21 +183,9 @@ def test_a_reload_reads_its_file_off_the_event_loop():
         return {"new": True}
 
     async def main() -> int:
-        beats = 0
-
-        async def beat() -> None:
-            nonlocal beats
-            while True:
-                await asyncio.sleep(0.01)
-                beats += 1
-
         reloader = Reloader({"new": False}, load, lambda new: None)
-        task = asyncio.create_task(beat())
-        try:
-            assert await reloader()
-        finally:
-            task.cancel()
-        assert reloader.current == {"new": True}
+        done, beats = await beats_during(reloader())
+        assert done and reloader.current == {"new": True}
         return beats
 
     assert asyncio.run(main()) >= 5
