@@ -139,14 +139,20 @@ class DaemonChannel(ChannelReload):
         else:
             await run_held(bus, self, self._run_once)
 
-    def _build_source(self) -> GuardedSource:
+    async def _build_source(self) -> GuardedSource:
         from subd.sources.live import FileSource
 
         d, src = self.ctx, self.spec.source
         if self._given_source is not None:
             return GuardedSource(self._given_source, self._stop, self.report_source)
         try:
-            inner = build_source(d.config, spec=self.spec, token=d.push_token)
+            if src.kind == "file" or (src.kind == "auto" and not src.device):
+                # a file is decoded whole (an 85 s WAV: 9 ms; a long or compressed one, through
+                # ffmpeg, seconds): off the loop, or every other channel's ticks wait for it
+                inner = await asyncio.to_thread(build_source, d.config, spec=self.spec,
+                                                token=d.push_token)
+            else:
+                inner = build_source(d.config, spec=self.spec, token=d.push_token)
         except AudioInputError as exc:
             self.report_source(False, str(exc))
             raise
@@ -172,7 +178,7 @@ class DaemonChannel(ChannelReload):
         d, spec, cfg = self.ctx, self.spec, self.ctx.config
         self.aborted = False
         self._started_ns = time.monotonic_ns()
-        self.source = source = self._build_source()
+        self.source = source = await self._build_source()
         if isinstance(source.inner, QueueSource) and not hasattr(source.inner, "open"):
             self.push_handler = make_push_handler(source.inner, fmt=spec.source.pcm_format)
         async with AsyncExitStack() as stack:
