@@ -130,13 +130,9 @@ def _run_once(tmp: Path, args: argparse.Namespace, processes: str,
         proc = subprocess.Popen([sys.executable, "-m", "subd.cli", "run", "--config",
                                  str(config)], stdout=out, stderr=subprocess.STDOUT)
     try:
-        def alive() -> bool:
+        def ready() -> dict | None:
             if proc.poll() is not None:
                 raise UserError(f"bench daemon: subd run exited {proc.returncode} (see {log})")
-            return True
-
-        def ready() -> dict | None:
-            alive()
             health = _json(port, "/healthz")
             return health["stages"] if health.get("status") == "ok" else None
 
@@ -147,20 +143,22 @@ def _run_once(tmp: Path, args: argparse.Namespace, processes: str,
         seen: dict[str, Any] = {"at": 0.0}
 
         def finished() -> bool:
-            alive()
+            """The daemon exits once its last channel has played out: until then, /metrics
+            and the processes' CPU are read as it goes."""
+            if proc.poll() is not None:
+                return True
             now = time.monotonic()
-            if now - seen["at"] >= 2:  # the daemon exits with its last channel: read as it goes
+            if now - seen["at"] >= 2:
                 with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
                     seen["updates"] = _updates(r.read().decode())
                 cpu = {name: _cpu_s(pid) for name, pid in pids.items()}
                 if None not in cpu.values():  # not while the daemon is stopping
                     seen["cpu"] = {name: (cpu[name] - cpu0[name]) / (now - t0) for name in cpu}
                 seen["at"] = now
-            return log.read_text(errors="replace").count(": published ") >= len(wavs)
+            return False
 
         longest = max(len(a) for a, _ in audio) / RATE
         _wait(finished, longest + 120, f"every channel to finish ({log})")
-        proc.wait(60)  # its last channel done, the daemon stops by itself
     finally:
         if proc.poll() is None:
             proc.send_signal(signal.SIGTERM)
@@ -169,6 +167,10 @@ def _run_once(tmp: Path, args: argparse.Namespace, processes: str,
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+    counts = _published(log.read_text(errors="replace"))
+    if proc.returncode != 0 or len(counts) < len(wavs):
+        raise UserError(f"bench daemon: subd run exited {proc.returncode} with "
+                        f"{len(counts)} of {len(wavs)} channels played out (see {log})")
     limit = args.latency_ms / 1000 + SHOWN_SLACK_S
     channels, errors_ms = [], []
     for i, (path, (_, ref)) in enumerate(zip(logs, audio, strict=True)):
@@ -185,7 +187,6 @@ def _run_once(tmp: Path, args: argparse.Namespace, processes: str,
             within=sum(s <= limit for s in shown) / max(1, len(shown)),
             updates=seen.get("updates", {}).get(name, 0),
             wer=wer(ref, normalise(" ".join(words)))))
-    counts = _published(log.read_text(errors="replace"))
     totals = {k: sum(c[k] for c in counts.values()) for k in COUNTERS}
     return dict(processes=processes, channels=channels, totals=totals, cpu=seen.get("cpu", {}),
                 publish_p99_ms=percentile(errors_ms, 0.99) if errors_ms else float("nan"),

@@ -146,13 +146,10 @@ class DaemonChannel(ChannelReload):
         if self._given_source is not None:
             return GuardedSource(self._given_source, self._stop, self.report_source)
         try:
-            if src.kind == "file" or (src.kind == "auto" and not src.device):
-                # a file is decoded whole (an 85 s WAV: 9 ms; a long or compressed one, through
-                # ffmpeg, seconds): off the loop, or every other channel's ticks wait for it
-                inner = await asyncio.to_thread(build_source, d.config, spec=self.spec,
-                                                token=d.push_token)
-            else:
-                inner = build_source(d.config, spec=self.spec, token=d.push_token)
+            # in a thread: a file is decoded whole (an 85 s WAV: 9 ms; a long or compressed
+            # one, through ffmpeg, seconds), and every other channel's ticks would wait for it
+            inner = await asyncio.to_thread(build_source, d.config, spec=self.spec,
+                                            token=d.push_token)
         except AudioInputError as exc:
             self.report_source(False, str(exc))
             raise
