@@ -15,16 +15,12 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from subd.bench.netutil import free_port
+
 LIBRIVOX = Path("/usr/share/pocketsphinx/test/data/librivox")
 SHORT_CLIP = LIBRIVOX / "sense_and_sensibility_01_austen_64kb-0880.wav"  # 3.0 s
 TOKEN = "test-push-token-0123456789"
 START_LIMIT_S = 300.0  # loading the model on a busy 2-core machine
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def http(port: int, path: str, *, method: str = "GET", data: bytes | None = None,

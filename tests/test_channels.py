@@ -211,6 +211,59 @@ def test_a_new_channel_is_not_failed_before_its_first_tick_is_due():
     assert health.channel("slow").problems == ("no tick published since start",)
 
 
+def test_a_reload_that_changes_d_moves_the_first_tick_grace_with_it(tmp_path):
+    """A reload changes a running channel's D in place (it is not restarted), and its first tick
+    is then due the new D after its audio. /healthz kept the old D's grace: a push channel
+    reloaded from D = 0.5 s to 30 s before its first audio read "no tick published since start"
+    (503) 2.5 s after it started. A real daemon, with the scripted recogniser (no model)."""
+    import signal
+    import time
+
+    from daemon_helpers import START_LIMIT_S, TOKEN, free_port, healthz, start_daemon, wait_for
+
+    port = free_port()
+    config = f"""
+[tick]
+latency_ms = 500
+max_latency_ms = 30000
+realtime = false
+[source]
+kind = "http"
+quiet_after_ms = 100
+[recognizer]
+factory = "subd.testing.recognizer:ScriptedRecognizer"
+process = false
+[pipeline]
+tagger = "none"
+[server]
+port = {port}
+push_token = "{TOKEN}"
+[sinks]
+enabled = ["sse"]
+"""
+    daemon = start_daemon(tmp_path, config, port)
+    try:
+        def main() -> dict:
+            return healthz(port)[1]["channels"]["main"]
+
+        wait_for(main, START_LIMIT_S, "the channel", daemon.proc, daemon.log)
+        added_by = time.monotonic()
+        # its source is checked once the daemon is ready: the pipeline is built, so a reload
+        # changes its D in place
+        wait_for(lambda: main()["source"] == "down", 30, "no audio", daemon.proc, daemon.log)
+        daemon.config.write_text(config.replace("\nlatency_ms = 500", "\nlatency_ms = 30000"))
+        daemon.signal(signal.SIGHUP)
+        wait_for(lambda: "configuration reloaded" in daemon.log_text(), 30, "the reload",
+                 daemon.proc, daemon.log)
+        assert "restarts" not in daemon.log_text()
+        time.sleep(max(0.0, added_by + 3.0 - time.monotonic()))  # past the old D's grace
+        status, body = healthz(port)
+        assert "no tick published since start" not in body["channels"]["main"]["problems"]
+        assert status == 200, body
+    finally:
+        daemon.stop()
+
+
 def test_healthz_reports_sources_stalls_and_the_model_over_http():
     from aiohttp import ClientSession, web
     from aiohttp.test_utils import TestServer

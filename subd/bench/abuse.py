@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from subd.bench.netutil import free_port
 from subd.errors import UserError
 
 NS_PER_MS = 1_000_000
@@ -174,12 +175,6 @@ def _summary(errors_ms: list[float]) -> str:
 
 # -- daemon management -------------------------------------------------------------------------
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _start_daemon(workdir: Path, port: int) -> subprocess.Popen:
     config = workdir / "subd.toml"
     config.write_text(
@@ -286,7 +281,7 @@ def run(args: argparse.Namespace) -> int:
         t = Target(parts.hostname, parts.port, args.push_path, args.events_path)
         return _measure(args, t, None)
     with tempfile.TemporaryDirectory(prefix="subd-abuse-") as tmp:
-        port = _free_port()
+        port = free_port()
         daemon = _start_daemon(Path(tmp), port)
         try:
             code = _measure(args, Target("127.0.0.1", port, args.push_path, args.events_path),

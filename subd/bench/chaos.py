@@ -48,10 +48,9 @@ from subd.bench.chaos_rig import (
     Pusher,
     Reader,
     config_text,
-    free_port,
-    get_json,
     idle_clients,
 )
+from subd.bench.netutil import free_port, get_json
 
 KINDS = ("recogniser-kill", "tagger-kill", "push-pause", "recogniser-hang", "fanout-kill",
          "file-dropout", "disk-full", "slow-clients", "sighup")

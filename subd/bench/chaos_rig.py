@@ -15,12 +15,13 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+
+from subd.bench.netutil import get_json
 
 LIBRIVOX = Path("/usr/share/pocketsphinx/test/data/librivox")
 CLIP_A = LIBRIVOX / "sense_and_sensibility_01_austen_64kb-0880.wav"
@@ -60,21 +61,6 @@ directory = "{work}/srt-push"
 [channels.push.events]
 path = "{work}/push.jsonl"
 """
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def get_json(port: int, path: str) -> dict:
-    """The JSON body, also of a 503 (/healthz says why it is unhappy)."""
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=10) as resp:
-            return json.loads(resp.read())
-    except urllib.error.HTTPError as exc:
-        return json.loads(exc.read())
 
 
 def descendants(pid: int) -> list[int]:

@@ -27,13 +27,12 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.error
 import urllib.request
 from pathlib import Path
 from typing import Any
 
-from subd.bench.edge import _free_port, _json, _wait
 from subd.bench.fanout import percentile
+from subd.bench.netutil import free_port, get_json, wait_until
 
 NS_PER_S = 1_000_000_000
 RATE = 16_000
@@ -122,7 +121,7 @@ def _run_once(tmp: Path, args: argparse.Namespace, processes: str,
 
     tag = f"p{processes}-{len(list(tmp.glob('p*.toml')))}"
     logs = [tmp / f"{tag}-c{i}.jsonl" for i in range(len(wavs))]
-    port = _free_port()
+    port = free_port()
     config = tmp / f"{tag}.toml"
     config.write_text(_config(port, args.latency_ms, processes, wavs, logs, args.model))
     log = tmp / f"{tag}.log"
@@ -133,10 +132,10 @@ def _run_once(tmp: Path, args: argparse.Namespace, processes: str,
         def ready() -> dict | None:
             if proc.poll() is not None:
                 raise UserError(f"bench daemon: subd run exited {proc.returncode} (see {log})")
-            health = _json(port, "/healthz")
+            health = get_json(port, "/healthz")
             return health["stages"] if health.get("status") == "ok" else None
 
-        stages = _wait(ready, START_LIMIT_S, f"subd run to serve ({log})")
+        stages = wait_until(ready, START_LIMIT_S, f"subd run to serve ({log})")
         pids = {"daemon": proc.pid, **{name: s["pid"] for name, s in stages.items()
                                        if s.get("pid")}}
         cpu0, t0 = {name: _cpu_s(pid) for name, pid in pids.items()}, time.monotonic()
@@ -158,7 +157,7 @@ def _run_once(tmp: Path, args: argparse.Namespace, processes: str,
             return False
 
         longest = max(len(a) for a, _ in audio) / RATE
-        _wait(finished, longest + 120, f"every channel to finish ({log})")
+        wait_until(finished, longest + 120, f"every channel to finish ({log})")
     finally:
         if proc.poll() is None:
             proc.send_signal(signal.SIGTERM)

@@ -38,47 +38,18 @@ import socket
 import subprocess
 import sys
 import tempfile
-import time
 import urllib.request
 from pathlib import Path
 from typing import Any
 
 from subd.bench.fanout import percentile, raise_fd_limit, rss_mb, try_realtime
+from subd.bench.netutil import free_port, get_json, wait_until
 
 NS_PER_MS = 1_000_000
 START_LIMIT_S = 120.0
 TAIL_TICKS = 15
 STREAM_MAXLEN = 300
 REDIS_PRIORITY = 8  # SCHED_FIFO: below every server process, above the readers
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _wait(predicate: Any, limit_s: float, what: str) -> Any:
-    from subd.errors import UserError
-
-    deadline = time.monotonic() + limit_s
-    while time.monotonic() < deadline:
-        try:
-            got = predicate()
-        except (OSError, ValueError, LookupError):  # not up yet
-            got = None
-        if got:
-            return got
-        time.sleep(0.1)
-    raise UserError(f"bench edge: timed out waiting for {what}")
-
-
-def _json(port: int, path: str) -> dict[str, Any]:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as resp:
-            return json.loads(resp.read())
-    except urllib.error.HTTPError as exc:  # a 503 still carries the figures
-        return json.loads(exc.read())
 
 
 def _tree_rss_mb(pid: int) -> float:
@@ -143,7 +114,7 @@ max_clients = 4096
 def _run_once(tmp: Path, args: argparse.Namespace, bus: bool) -> dict[str, Any]:
     procs = _Procs(tmp)
     py = [sys.executable, "-m", "subd.cli"]
-    redis_port = _free_port()
+    redis_port = free_port()
     bus_url = f"redis://127.0.0.1:{redis_port}/0" if bus else ""
     try:
         redis = None
@@ -152,28 +123,28 @@ def _run_once(tmp: Path, args: argparse.Namespace, bus: bool) -> dict[str, Any]:
                                           "127.0.0.1", "--dir", str(tmp), "--save", "",
                                           "--appendonly", "no", "--daemonize", "no"])
             _set_priority(redis.pid, REDIS_PRIORITY)  # see the module docstring
-        port = _free_port()
+        port = free_port()
         config = tmp / f"daemon-{'bus' if bus else 'direct'}.toml"
         # bus on, the daemon's own SSE has no clients: no fan-out worker of its own either
         config.write_text(_daemon_config(port, bus_url, 0 if bus else args.workers,
                                          args.fanout_priority))
         daemon = procs.start("daemon", [*py, "run", "--config", str(config)])
-        _wait(lambda: (_json(port, "/healthz")["channels"]["main"]["last_tick"] or 0) > 0,
-              START_LIMIT_S, "the daemon's first tick")
+        wait_until(lambda: (get_json(port, "/healthz")["channels"]["main"]["last_tick"] or 0) > 0,
+                   START_LIMIT_S, "the daemon's first tick")
         servers: list[tuple[subprocess.Popen, int, str]] = []
         if bus:
             for i in range(2):
-                edge_port = _free_port()
+                edge_port = free_port()
                 edge = procs.start(f"edge{i}", [
                     *py, "edge", "--bus", bus_url, "--listen", f"127.0.0.1:{edge_port}",
                     "--fanout-workers", str(args.workers), "--fanout-priority",
                     str(args.fanout_priority), "--max-clients", str(args.clients + 64)])
                 servers.append((edge, edge_port, "/c/main/events"))
             for _, edge_port, _ in servers:  # the first request makes it follow the channel
-                _wait(lambda p=edge_port: urllib.request.urlopen(
+                wait_until(lambda p=edge_port: urllib.request.urlopen(
                     f"http://127.0.0.1:{p}/c/main/overlay", timeout=5).status == 200,
                     START_LIMIT_S, "the edges")
-                _wait(lambda p=edge_port: _first_event(p), START_LIMIT_S, "an edge's events")
+                wait_until(lambda p=edge_port: _first_event(p), START_LIMIT_S, "an edge's events")
         else:
             servers = [(daemon, port, "/c/main/events")] * 2
         # the servers are up (each set its own priority): this process only polls from here,
@@ -182,8 +153,8 @@ def _run_once(tmp: Path, args: argparse.Namespace, bus: bool) -> dict[str, Any]:
 
         def last_k() -> int:
             if bus:
-                return _json(servers[0][1], "/healthz")["channels"]["main"]["last_k"]
-            return _json(port, "/healthz")["channels"]["main"]["last_tick"] or 0
+                return get_json(servers[0][1], "/healthz")["channels"]["main"]["last_k"]
+            return get_json(port, "/healthz")["channels"]["main"]["last_tick"] or 0
 
         k_start = last_k() + args.warmup
         measured = range(k_start, k_start + args.ticks)
@@ -204,19 +175,19 @@ def _run_once(tmp: Path, args: argparse.Namespace, bus: bool) -> dict[str, Any]:
             pids["redis"] = redis.pid
         rss_connected = {name: _tree_rss_mb(pid) for name, pid in pids.items()}
         # late releases before the measured ticks: the stream's history when an edge started
-        late_before = [_json(p, "/healthz")["channels"]["main"]["late"]
+        late_before = [get_json(p, "/healthz")["channels"]["main"]["late"]
                        for _, p, _ in servers] if bus else []
         middle = measured.start + len(measured) // 2
-        _wait(lambda: last_k() >= middle, (args.warmup + args.ticks) / 30 + 60, "mid-run")
+        wait_until(lambda: last_k() >= middle, (args.warmup + args.ticks) / 30 + 60, "mid-run")
         rss_middle = {name: _tree_rss_mb(pid) for name, pid in pids.items()}
         # what the edges' write loops take mid-run (the idle clients' buffers still filling)
-        fanout = [_json(p, "/healthz")["channels"]["main"]["fanout"]
+        fanout = [get_json(p, "/healthz")["channels"]["main"]["fanout"]
                   for _, p, _ in servers] if bus else []
-        _wait(lambda: last_k() >= measured.stop + TAIL_TICKS,
-              (args.warmup + args.ticks) / 30 + 60, "the measured ticks")
+        wait_until(lambda: last_k() >= measured.stop + TAIL_TICKS,
+                   (args.warmup + args.ticks) / 30 + 60, "the measured ticks")
         rss_end = {name: _tree_rss_mb(pid) for name, pid in pids.items()}
         xlen = _xlen(redis_port) if bus else 0
-        health = [_json(p, "/healthz")["channels"]["main"] for _, p, _ in servers] if bus else []
+        health = [get_json(p, "/healthz")["channels"]["main"] for _, p, _ in servers] if bus else []
         release_p99 = [h["release_p99_ms"] for h in health]
         late = [h["late"] - n for h, n in zip(health, late_before, strict=True)]
         for proc, _, _ in dict.fromkeys(servers):  # closing the servers ends the bulk readers

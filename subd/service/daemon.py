@@ -382,6 +382,7 @@ class Daemon:
                     self._start_channel(specs[name])
                 else:
                     await self.channels[name].commit(plans.pop(name), layout)
+                    self.health.set_latency(name, specs[name].tick.latency_ms * 1_000_000)
             for name, spec in specs.items():
                 if name not in self.channels:
                     log.info("reload: channel %s added", name)

@@ -150,6 +150,12 @@ class HealthMonitor:
         if name not in self._channels:
             self._channels[name] = _ChannelFacts(self._now_ns(), latency_ns)
 
+    def set_latency(self, name: str, latency_ns: int) -> None:
+        """A reload changed the channel's D in place (it was not restarted): a first tick not
+        published yet is now due the new D after the audio, so the start-up grace follows it
+        (with the old D kept, 0.5 s -> 30 s said "fail" 2.5 s after the start)."""
+        self._facts(name).first_tick_ns = latency_ns
+
     def remove_channel(self, name: str) -> None:
         self._channels.pop(name, None)
 
