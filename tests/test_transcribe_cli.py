@@ -213,3 +213,37 @@ def test_two_hours_of_silence_stream_in_bounded_memory(tmp_path):
     assert words_of(out) == []
     # model + torch ≈ 400-600 MB; holding the decoded file would add ≥ 460 MB more
     assert rss_mb < 900, rss_mb
+
+
+def test_a_window_whisper_ends_early_is_decoded_again_from_where_it_stopped(tmp_path,
+                                                                            speech_clips):
+    """The held-out set as one 103.5 s file: Whisper closed the window at 78.8 s after one
+    sentence, and the last 20 s (two clips) were never transcribed (WER 28.9 %). The rest of
+    that window is decoded again, its words timed within the file and in order."""
+    from subd.bench.quality_sets import SETS, build_set
+
+    held = build_set("heldout", SETS["heldout"])
+    wav, out = tmp_path / "heldout.wav", tmp_path / "o.json"
+    sf.write(wav, held.audio, 16000, subtype="PCM_16")
+    code, err, _ = run_cli("transcribe", str(wav), "-o", str(out))
+    assert code == 0, err
+    words = json.loads(out.read_text())["words"]
+    said = normalise(" ".join(w["w"] for w in words))
+    assert word_errors(held.words, said) / len(held.words) < 0.15
+    assert {"gown", "wizard", "curtain"} <= set(said[-40:])  # the last two clips
+    starts = [w["start_ms"] for w in words]
+    assert starts == sorted(starts)
+    assert max(w["end_ms"] for w in words) <= len(held.audio) / 16
+
+
+def test_the_window_moves_to_the_transcripts_end_only_with_speech_left_after_it():
+    from subd.recognise.offline import _seek_to_unheard
+
+    second = 16000
+    # a segment ending at 3.00 s (timestamp step 150), speech until 20 s: decode from 3 s on
+    assert _seek_to_unheard(150, [(0, 3 * second), (4 * second, 20 * second)]) == 300
+    # only a breath after it (under a second): the whole window, as the reference runtime
+    assert _seek_to_unheard(150, [(0, 3 * second), (int(3.2 * second), int(3.9 * second))]) is None
+    # speech overlapping the end counts only after it
+    assert _seek_to_unheard(150, [(0, int(3.5 * second))]) is None
+    assert _seek_to_unheard(0, [(0, 20 * second)]) is None  # no end known
