@@ -247,3 +247,5 @@ def test_the_window_moves_to_the_transcripts_end_only_with_speech_left_after_it(
     # speech overlapping the end counts only after it
     assert _seek_to_unheard(150, [(0, int(3.5 * second))]) is None
     assert _seek_to_unheard(0, [(0, 20 * second)]) is None  # no end known
+    # a transcript that ends at 0.1 s moves the window a second on, not 0.1 s
+    assert _seek_to_unheard(5, [(0, 20 * second)]) == 100

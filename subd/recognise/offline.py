@@ -78,9 +78,12 @@ def _seek_to_unheard(last_end_step: int, regions: list[tuple[int, int]]) -> int 
     20 s of the file were never transcribed."""
     if last_end_step <= 0:
         return None
-    cut = last_end_step * INPUT_STRIDE_FRAMES * HOP_SAMPLES
+    # at least a second on: a window that keeps ending on a sliver of transcript (noise read as
+    # a word) costs a decode per second of audio, not one per timestamp step
+    frames = max(last_end_step * INPUT_STRIDE_FRAMES, UNHEARD_SPEECH_SAMPLES // HOP_SAMPLES)
+    cut = frames * HOP_SAMPLES
     unheard = sum(max(0, end - max(start, cut)) for start, end in regions)
-    return last_end_step * INPUT_STRIDE_FRAMES if unheard >= UNHEARD_SPEECH_SAMPLES else None
+    return frames if unheard >= UNHEARD_SPEECH_SAMPLES else None
 
 
 class Transcriber:
