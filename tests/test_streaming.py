@@ -60,6 +60,14 @@ def test_streaming_wer_within_1_5_points_of_offline(int8_engine, joined):
     assert streamed <= offline + 0.015
 
 
+def test_a_streams_first_word_is_kept_driven_alone(int8_engine, speech_clips):
+    """Until its first commit a stream decodes on Whisper's full input: on the cut span tiny.en
+    read LibriVox 0870's opening "And Mr. John" as "Mr. John", and agreement committed that."""
+    clip = next(c for c in speech_clips if c.path.name.endswith("0870.wav"))
+    committed, _ = stream(StreamingRecognizer(engine=int8_engine), load_audio(clip.path))
+    assert normalise(" ".join(w.text for w in committed[:3])) == ["and", "mister", "john"]
+
+
 def test_committed_words_are_final_and_ordered(int8_engine, joined):
     audio, _ = joined
     committed, updates = stream(StreamingRecognizer(engine=int8_engine), audio)
