@@ -101,8 +101,8 @@ class StreamingConfig:
     full_span_trim_after_ms: int = 15000
     max_window_ms: int = 24000  # force a commit/cut before the 30 s window can overflow
     vad: bool = True
-    # Offline, a low-confidence window is re-decoded at higher temperatures. Live, the window
-    # usually ends inside a word, and a sampled re-decode invents words. Greedy, but see _trim.
+    # Offline a low-confidence window is re-decoded at higher temperatures; live, a window ending
+    # inside a word re-decoded sampled invents words. Greedy, but see _trim.
     temperature_fallback: bool = False
     force_committed_prefix: bool = True  # decode only the unconfirmed tail (see _decode)
     # The cut span (subd.pipeline.deadline chooses it per update): the encoder runs over the
@@ -166,8 +166,6 @@ class StreamingRecognizer:
         self.n_forced_cuts = 0
         self.deadline_mode = False  # the pipeline gives deadlines (update's commit_until_ns)
 
-    # -- input -----------------------------------------------------------------------------
-
     def read_from(self, reader: HistoryReader) -> None:
         """Read the window in place from the channel's shared audio history (the daemon's
         recogniser process): whoever owns ``reader`` advances its end; ``accept`` is unused."""
@@ -195,8 +193,6 @@ class StreamingRecognizer:
         st.window_start = st.last_decode_end = st.settled_end = sample
         st.committed_end_ns = samples_to_ns(sample)
 
-    # -- recognition -----------------------------------------------------------------------
-
     def update(self, commit_until_ns: int | None = None, full_span: bool = False) -> Hypothesis:
         """Decode the current window if enough new audio arrived; commit what is settled.
 
@@ -218,11 +214,8 @@ class StreamingRecognizer:
         if self.languages.resolve(window, self.vad) is None:
             return self._hypothesis([])  # "auto": more speech before the language is named
         self.deadline_mode |= commit_until_ns is not None
-        # Driven alone, a stream's decodes run on Whisper's full input until its first commit:
-        # on the cut span tiny.en left a stream's first word out ("And Mr. John" read "Mr. John"
-        # from 1.6-2.4 s of audio, kept on the full input; "Unless" read "A less"), and agreement
-        # committed that. Six dev clips' first 1.2-2.0 s: the full input read as well or better
-        # in every one. It costs the full input only until the first words commit.
+        # driven alone, the full input until the first commit (the cut span read "And Mr. John"
+        # as "Mr. John" at a stream's start; README, the recogniser driven alone)
         full_span |= not self.deadline_mode and not st.committed
         words = self._decode(window, FULL_SPAN if full_span else None)
         newly = self._commit(words, end, commit_until_ns)
