@@ -106,14 +106,35 @@ def test_a_short_deadline_is_still_met_from_the_first_hypothesis(voiced):
 def test_words_heard_out_long_enough_commit_early_on_agreement(voiced):
     """D = 10 s: words two decodes agree on, heard out for agree_context_ms, commit before
     their deadline (they will not change; the decoded tail stays short)."""
-    words = [("he", 0.1, 0.3, 0.9), ("was", 0.3, 0.6, 0.9), ("not", 2.0, 2.4, 0.9)]
+    words = [("So", 0.0, 0.1, 0.9), ("he", 0.1, 0.3, 0.9), ("was", 0.3, 0.6, 0.9),
+             ("not", 2.0, 2.4, 0.9)]
     rec = StreamingRecognizer(engine=_ScriptedEngine(words), confident_min_probability=1.0,
                               agree_context_ms=3000)
+    _feed(rec, voiced, 2.8)  # the stream's first word, at its deadline
+    assert [w.text for w in rec.update(commit_until_ns=100 * MS).committed] == ["So"]
     for end_s in (3.0, 3.2):  # "he" heard out for 2.9 s at most: agreed, not yet committed
         _feed(rec, voiced, end_s)
         assert rec.update(commit_until_ns=0).committed == ()
     _feed(rec, voiced, 3.7)
     assert [w.text for w in rec.update(commit_until_ns=0).committed] == ["he", "was"]
+
+
+def test_a_streams_first_words_wait_for_their_deadline(voiced):
+    """Nothing is committed early at a stream's start: Whisper reads its first words from the
+    audio after them alone (no words before), and two decodes with 2 s of it agreed on "I'd
+    like to" for "Unless to" (LibriVox 0890, dev set, D = 10 s), read right from 3 s on. The
+    first words are decided at their deadline, from the decode with the most right context;
+    after them agreement commits early as before."""
+    early = [("I'd", 0.1, 0.3, 0.9), ("like", 0.3, 0.5, 0.9), ("to", 0.5, 0.7, 0.9),
+             ("be", 2.9, 3.1, 0.9)]
+    late = [("Unless", 0.1, 0.5, 0.9), ("to", 0.5, 0.7, 0.9), ("be", 2.9, 3.1, 0.9),
+            ("rather", 3.1, 3.4, 0.9)]
+    rec = StreamingRecognizer(engine=_ScriptedEngine(early, early, early, late, late))
+    committed = []
+    for end_s, due_ms in ((3.0, 0), (3.2, 0), (3.4, 0), (3.6, 800), (3.8, 800)):
+        _feed(rec, voiced, end_s)
+        committed += rec.update(commit_until_ns=due_ms * MS).committed
+    assert [w.text for w in committed] == ["Unless", "to"]
 
 
 def test_an_early_agreement_needs_two_seconds_heard_after_the_word(voiced):
@@ -126,9 +147,9 @@ def test_an_early_agreement_needs_two_seconds_heard_after_the_word(voiced):
             ("Tonight,", 1.5, 2.0, 0.9)]
     rec = StreamingRecognizer(engine=_ScriptedEngine(early, early, late, late))
     committed = []
-    for end_s in (2.0, 2.2, 2.9, 3.1):
+    for end_s, due_ms in ((2.0, 300), (2.2, 0), (2.9, 0), (3.1, 0)):  # "the": at its deadline
         _feed(rec, voiced, end_s)
-        committed += rec.update(commit_until_ns=0).committed
+        committed += rec.update(commit_until_ns=due_ms * MS).committed
     assert [w.text for w in committed] == ["the", "late", "news."]
 
 
@@ -607,3 +628,20 @@ def test_a_span_probe_that_decoded_nothing_is_made_again():
     assert all(chosen[:11])  # the full input is probed until it is measured
     assert chosen[11] is False  # then the cut span, once
     assert all(chosen[12:])
+
+
+def test_a_phrase_said_again_after_a_pause_is_kept():
+    """DTW swallows the pause after a phrase into its last word: "he recalled the words, the
+    words of Shelley's fragment" (LibriTTS 1089, held-out set, D = 4 s) committed "the
+    words," over 2.16-3.08 s, "words," taking 0.58 s of it, and the next decode, forced to
+    continue after it, began "The words of" at 3.22 s: 0.48 s of new audio, under 0.6 of the
+    0.92 s "the first time" and the captions read "recalled the words. of Shelley's". The
+    first time is measured up to its last word's start plus the shorter last word."""
+    from subd.recognise.commit import after_commit_point
+
+    said = [_w("he", 1.60, 1.86), _w("recalled", 1.86, 2.16), _w("the", 2.16, 2.50),
+            _w("words,", 2.50, 3.08)]
+    again = [_w("The", 3.22, 3.44), _w("words", 3.44, 3.70), _w("of", 3.70, 4.02),
+             _w("Shelley's", 4.02, 4.52)]
+    kept = after_commit_point(again, said, said[-1].end_ns, forced=True, deadline=True)
+    assert [w.text for w in kept] == ["The", "words", "of", "Shelley's"]

@@ -74,8 +74,9 @@ def decode_streak(words: Sequence[Word], previous: Sequence[Word],
 
 def decide(cfg: PolicyConfig, words: Sequence[Word], previous: Sequence[Word],
            previous_streak: Sequence[int], end_ns: int, window_ms: int,
-           commit_until_ns: int | None) -> CommitDecision:
-    """How many leading words of ``words`` (after the commit point) commit now."""
+           commit_until_ns: int | None, started: bool = True) -> CommitDecision:
+    """How many leading words of ``words`` (after the commit point) commit now. ``started``:
+    the stream has committed words (deadline mode: its first words wait for their deadline)."""
     # a word that ends right at the audio end may be cut short (the speaker is mid-word):
     # two decodes of nearly the same audio agree on such a guess, so it does not count
     guard_ns = cfg.agree_guard_ms * NS_PER_MS
@@ -91,9 +92,12 @@ def decide(cfg: PolicyConfig, words: Sequence[Word], previous: Sequence[Word],
             >= cfg.agree_min_probability or streak[agreed] >= cfg.unsure_agree_decodes):
         agreed += 1
     if commit_until_ns is not None:
+        # A stream's first words have no words before them, and Whisper reads them from the
+        # audio after them alone: with 2 s of it two decodes agreed on "I'd like to" ("Unless
+        # to") and "How he" ("Had he"), read right from 3 s on; they wait for their deadline.
         context_ns = cfg.agree_context_ms * NS_PER_MS
         early = 0
-        while early < agreed and end_ns - words[early].end_ns >= context_ns:
+        while started and early < agreed and end_ns - words[early].end_ns >= context_ns:
             early += 1
         # a due word the decode has not heard out (it may be cut short at the audio end)
         # waits for the next update: late by part of an update, where committing the guess
@@ -214,11 +218,16 @@ def _said_again(copy: Sequence[Word], said: Sequence[Word]) -> bool:
     back, we will not go back": the fourth copy of a chant was dropped as a re-statement).
     "As long" needs a floor: DTW gives a word squeezed between two others 20 ms ("so am I":
     "I" committed on 20 ms), and 0.6 of that let a re-stated "I" through on 20 ms of new audio
-    ("so am I I fellow")."""
+    ("so am I I fellow"). DTW also swallows the pause after a phrase into its last word, so
+    the first time is measured up to its last word's start, plus the shorter of the two last
+    words ("recalled the words, the words of": "words," ran on over the pause, 0.58 s, and the
+    copy said 0.14 s later was dropped)."""
     if copy[0].start_ns < said[-1].end_ns - VOTE_SLACK_MS * NS_PER_MS:
         return False
     fresh = copy[-1].end_ns - max(copy[0].start_ns, said[-1].end_ns)
-    return fresh >= max(SAID_AGAIN_SHARE * (said[-1].end_ns - said[0].start_ns),
+    last = min(said[-1].end_ns - said[-1].start_ns, copy[-1].end_ns - copy[-1].start_ns)
+    first_time = said[-1].start_ns - said[0].start_ns + last
+    return fresh >= max(SAID_AGAIN_SHARE * first_time,
                         SAID_AGAIN_WORD_MS * NS_PER_MS * len(copy)) > 0
 
 

@@ -307,7 +307,8 @@ class StreamingRecognizer:
         st = self.state
         window_ms = (end - st.window_start) * 1000 // SAMPLE_RATE_HZ
         d = decide(self.languages.policy(self.config, self.deadline_mode), words, st.previous,
-                   st.previous_streak, samples_to_ns(end), window_ms, commit_until_ns)
+                   st.previous_streak, samples_to_ns(end), window_ms, commit_until_ns,
+                   bool(st.committed))
         self.n_forced_cuts += d.forced_cut
         newly = self._take(list(d.words))
         st.previous = words[d.n_commit:]
