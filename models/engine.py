@@ -7,7 +7,6 @@ offline transcriber and the streaming recogniser are both built on it.
 from __future__ import annotations
 
 import copy
-import os
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -23,7 +22,7 @@ from subd.models.loading import LoadedModel
 from subd.models.portable import load_weights
 from subd.models.whisper import KVCache
 from subd.models.words import word_splitter
-from subd.torch_threads import torch_threads
+from subd.torch_threads import torch_threads, usable_cores
 
 SAMPLE_RATE_HZ = 16_000
 WINDOW_SAMPLES = 30 * SAMPLE_RATE_HZ
@@ -298,7 +297,7 @@ class WhisperEngine:
 
 
 def _default_threads() -> int:
-    return max(1, min(len(os.sched_getaffinity(0)), 8))
+    return max(1, min(usable_cores(), 8))
 
 
 _PROCESSES_SHARING = 1  # this process is one of N live recogniser processes (share_cores)
@@ -316,7 +315,7 @@ def live_threads() -> int:
     tagger and the outputs, shared out among the recogniser processes (at least one each).
     Intra-op threads that must wait for a busy core stall every matrix product (measured on 2
     cores: an update took 0.60 s on 2 threads, 0.31 s on 1)."""
-    return max(1, min(len(os.sched_getaffinity(0)) - 1, 8) // _PROCESSES_SHARING)
+    return max(1, min(usable_cores() - 1, 8) // _PROCESSES_SHARING)
 
 
 def quantize_linears(model: torch.nn.Module, *, inplace: bool = False) -> torch.nn.Module:

@@ -58,6 +58,11 @@ class TickConfig:
     miss_tolerance_ms: float = field(default=0.0, metadata=rng(0, 1000))  # 0 = half a period
     max_latency_ms: int = field(default=10_000, metadata=rng(100, 60_000))  # reload limit for D
 
+    @property
+    def latency_ns(self) -> int:
+        """D on the nanosecond timeline."""
+        return self.latency_ms * 1_000_000
+
 
 @register_section("source")
 @dataclass(frozen=True, slots=True)

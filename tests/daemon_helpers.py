@@ -134,6 +134,56 @@ def start_daemon(tmp: Path, config_text: str, port: int,
     return DaemonProc(proc, port, config, log)
 
 
+SCRIPTED_RECOGNIZER = {"factory": "subd.testing.recognizer:ScriptedRecognizer",
+                       "process": False}  # no model, in the daemon's process
+PUSH_SOURCE = {"kind": "http"}
+
+
+def _toml_value(value) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    if isinstance(value, (int, float)):
+        return str(value)
+    return f'"{value}"'
+
+
+def _table(name: str, keys: dict | None) -> str:
+    if not keys:
+        return ""
+    return f"[{name}]\n" + "".join(f"{k} = {_toml_value(v)}\n" for k, v in keys.items())
+
+
+def daemon_config(port: int, *, tick: dict | None = None, source: dict | None = None,
+                  recognizer: dict | None = None, tagger: str | None = "none",
+                  sinks: tuple[str, ...] = ("sse",), extra: str = "") -> str:
+    """A ``subd run`` configuration serving HTTP on ``port`` with the push token :data:`TOKEN`:
+    [tick], [source] and [recognizer] hold the given keys (left out where None: the defaults,
+    the real model), the tagger (None: the default), the enabled sinks, then ``extra`` as it is
+    (more tables: [events], [sinks.srt], channels). ``latency_ms = N`` is a line of its own, so
+    a test can rewrite it for a reload."""
+    return "\n" + "".join((
+        _table("tick", tick),
+        _table("source", source),
+        _table("recognizer", recognizer),
+        _table("pipeline", None if tagger is None else {"tagger": tagger}),
+        _table("server", {"port": port, "push_token": TOKEN}),
+        _table("sinks", {"enabled": list(sinks)}),
+        extra,
+    ))
+
+
+def scripted_push_config(port: int, *, latency_ms: int = 500, quiet_after_ms: int = 100,
+                         tick: dict | None = None, extra: str = "") -> str:
+    """A daemon of one push channel ("main", HTTP source) with the scripted recogniser (no
+    model), no tagger, SSE only, not real time: D = ``latency_ms``, more [tick] keys in
+    ``tick``."""
+    return daemon_config(port, tick={"latency_ms": latency_ms, **(tick or {}), "realtime": False},
+                         source={**PUSH_SOURCE, "quiet_after_ms": quiet_after_ms},
+                         recognizer=SCRIPTED_RECOGNIZER, extra=extra)
+
+
 def read_jsonl(path: Path) -> tuple[dict, list[dict]]:
     lines = [json.loads(line) for line in path.read_text().splitlines() if line.endswith("}")]
     return lines[0], [r for r in lines[1:] if r.get("type") == "tick"]

@@ -219,28 +219,18 @@ def test_a_reload_that_changes_d_moves_the_first_tick_grace_with_it(tmp_path):
     import signal
     import time
 
-    from daemon_helpers import START_LIMIT_S, TOKEN, free_port, healthz, start_daemon, wait_for
+    from daemon_helpers import (
+        START_LIMIT_S,
+        free_port,
+        healthz,
+        scripted_push_config,
+        start_daemon,
+        wait_for,
+    )
 
     port = free_port()
-    config = f"""
-[tick]
-latency_ms = 500
-max_latency_ms = 30000
-realtime = false
-[source]
-kind = "http"
-quiet_after_ms = 100
-[recognizer]
-factory = "subd.testing.recognizer:ScriptedRecognizer"
-process = false
-[pipeline]
-tagger = "none"
-[server]
-port = {port}
-push_token = "{TOKEN}"
-[sinks]
-enabled = ["sse"]
-"""
+    config = scripted_push_config(port, latency_ms=500, quiet_after_ms=100,
+                                  tick={"max_latency_ms": 30000})
     daemon = start_daemon(tmp_path, config, port)
     try:
         def main() -> dict:

@@ -22,6 +22,7 @@ from daemon_helpers import (
     SHORT_CLIP,
     START_LIMIT_S,
     TOKEN,
+    daemon_config,
     free_port,
     healthz,
     http,
@@ -39,17 +40,7 @@ pytestmark = pytest.mark.skipif(
 
 
 def config_text(tmp, port: int) -> str:
-    return f"""
-[tick]
-latency_ms = 1000
-[pipeline]
-tagger = "none"
-[server]
-port = {port}
-push_token = "{TOKEN}"
-[sinks]
-enabled = ["sse"]
-[channels.a.source]
+    return daemon_config(port, tick={"latency_ms": 1000}, extra=f"""[channels.a.source]
 kind = "file"
 path = "{tmp}/a.wav"
 [channels.a.events]
@@ -64,7 +55,7 @@ kind = "http"
 quiet_after_ms = 1000
 [channels.c.events]
 path = "{tmp}/c.jsonl"
-"""
+""")
 
 
 def push_for(port: int, seconds: float) -> None:

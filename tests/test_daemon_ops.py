@@ -17,8 +17,8 @@ import pytest
 from daemon_helpers import (
     SHORT_CLIP,
     START_LIMIT_S,
-    TOKEN,
     NotifyListener,
+    daemon_config,
     free_port,
     healthz,
     http,
@@ -38,26 +38,14 @@ NEW_LATENCY_MS = 1600
 
 
 def config_text(out, port: int, latency_ms: int) -> str:
-    return f"""
-[tick]
-latency_ms = {latency_ms}
-max_latency_ms = 4000
-[source]
-kind = "file"
-path = "{SHORT_CLIP}"
-loop = true
-[pipeline]
-tagger = "none"
-[server]
-port = {port}
-push_token = "{TOKEN}"
-[sinks]
-enabled = ["srt", "sse"]
-[sinks.srt]
+    return daemon_config(
+        port, tick={"latency_ms": latency_ms, "max_latency_ms": 4000},
+        source={"kind": "file", "path": SHORT_CLIP, "loop": True}, sinks=("srt", "sse"),
+        extra=f"""[sinks.srt]
 directory = "{out}"
 [events]
 path = "{out}/events.jsonl"
-"""
+""")
 
 
 @pytest.fixture(scope="module")

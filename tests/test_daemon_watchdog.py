@@ -10,9 +10,10 @@ import time
 
 import pytest
 from daemon_helpers import (
+    PUSH_SOURCE,
     START_LIMIT_S,
-    TOKEN,
     NotifyListener,
+    daemon_config,
     free_port,
     healthz,
     start_daemon,
@@ -24,19 +25,9 @@ pytestmark = pytest.mark.skipif(importlib.util.find_spec("subd.recognise.streami
 
 
 def push_config(tmp, port: int) -> str:
-    return f"""
-[pipeline]
-tagger = "none"
-[server]
-port = {port}
-push_token = "{TOKEN}"
-[source]
-kind = "http"
-[sinks]
-enabled = ["sse"]
-[events]
+    return daemon_config(port, source=PUSH_SOURCE, extra=f"""[events]
 path = "{tmp}/events.jsonl"
-"""
+""")
 
 
 def test_the_watchdog_is_fed_while_a_push_channel_waits_for_audio(tmp_path):

@@ -12,7 +12,7 @@ from daemon_helpers import (
     LIBRIVOX,
     SHORT_CLIP,
     START_LIMIT_S,
-    TOKEN,
+    daemon_config,
     free_port,
     healthz,
     http,
@@ -40,22 +40,14 @@ def last_tick(port: int, channel: str) -> int | None:
 
 def test_a_missing_file_is_retried_until_it_appears(tmp_path):
     port = free_port()
-    config = f"""
-[pipeline]
-tagger = "none"
-[server]
-port = {port}
-push_token = "{TOKEN}"
-[sinks]
-enabled = ["sse"]
-[channels.late.source]
+    config = daemon_config(port, extra=f"""[channels.late.source]
 kind = "file"
 path = "{tmp_path}/late.wav"
 [channels.steady.source]
 kind = "file"
 path = "{OTHER_CLIP}"
 loop = true
-"""
+""")
     daemon = start_daemon(tmp_path, config, port)
     try:
         wait_for(lambda: last_tick(port, "steady"), START_LIMIT_S,

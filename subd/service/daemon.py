@@ -201,7 +201,7 @@ class Daemon:
 
     def _start_channel(self, spec: ChannelSpec) -> None:
         ch = self.channels[spec.name] = self._new_channel(spec)
-        self.health.add_channel(spec.name, spec.tick.latency_ms * 1_000_000)
+        self.health.add_channel(spec.name, spec.tick.latency_ns)
         self.metrics.channel(spec.name)
         if self.supervise:
             self._tasks[spec.name] = self.supervisor.start(ch)
@@ -382,7 +382,7 @@ class Daemon:
                     self._start_channel(specs[name])
                 else:
                     await self.channels[name].commit(plans.pop(name), layout)
-                    self.health.set_latency(name, specs[name].tick.latency_ms * 1_000_000)
+                    self.health.set_latency(name, specs[name].tick.latency_ns)
             for name, spec in specs.items():
                 if name not in self.channels:
                     log.info("reload: channel %s added", name)

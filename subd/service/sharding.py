@@ -27,11 +27,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 from typing import Any
 
 from subd.service.batching import BatchingSharedWorker
 from subd.service.stages import ChannelWorker, SharedWorker
+from subd.torch_threads import usable_cores
 
 log = logging.getLogger("subd.service.sharding")
 MAX_SHARDS = 64
@@ -40,13 +40,6 @@ MAX_SHARDS = 64
 # the GPU, and more contexts cost more switching than they free host time. Under CUDA MPS the
 # kernels run side by side and 8 served 512 (set gpu_processes = 8 there: auto does not assume it)
 AUTO_MAX_SHARDS = 4
-
-
-def usable_cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
 
 
 def shard_count(setting: str | int, cuda: bool, cores: int | None = None) -> int:
