@@ -122,3 +122,17 @@ def test_per_clip_streams_each_clip_alone_and_scores_them_over_the_set(tmp_path,
     # both clips' words reach the score: missing either would cost far more than 30 points
     assert figures["2000"]["wer_pct"] < 30 and figures["offline"]["wer_pct"] < 30
     assert figures["2000"]["latency_s"]["p50"] >= 2.0
+
+
+def test_a_modelled_run_gives_every_recogniser_call_its_modelled_cost():
+    """--update-ms: an update lasts its span's modelled cost, and the end of a stream (a full
+    input decode) the full input's, never its CPU time: at its CPU time, when a stream's last
+    words came in moved with the machine's load, and a held-out stream's last mark with it."""
+    from subd.bench.quality import CpuTimed
+    from subd.workers.hosts import FinishRequest, UpdateRequest
+
+    timed = CpuTimed(host=None, update_ns=(450_000_000, 140_000_000))
+    assert timed.cost_ns(UpdateRequest(0, 0, full_span=True), 123) == 450_000_000
+    assert timed.cost_ns(UpdateRequest(0, 0, full_span=False), 123) == 140_000_000
+    assert timed.cost_ns(FinishRequest(0), 123) == 450_000_000
+    assert CpuTimed(host=None).cost_ns(FinishRequest(0), 123) == 123  # measured: its CPU time
