@@ -263,3 +263,23 @@ def test_a_comma_the_recogniser_left_out_is_the_taggers_to_add(
     shown = render(out.final)
     assert shown.startswith("If the reader will excuse me,"), shown  # Whisper's own comma
     assert shown.endswith("antecedents,") == tagger_commas, shown
+
+
+def test_a_streams_last_word_keeps_its_full_stop_when_due_at_the_flush() -> None:
+    """The end of a stream: the recogniser's last decode commits "read." (nothing decoded after
+    it, a window edge), due at once, in the tag pass that also flushes. Decided first as a
+    deadline word, the edge rule set the mark aside and the stream ended "easier to read"
+    (LJ001-0025, held-out, D = 0.5 s); the flush decides it knowing the stream ends there."""
+    from subd.workers.hosts import FactorySpec, TagHost, TagRequest
+
+    host = TagHost(FactorySpec("subd.workers.hosts:make_punct_stream"))
+    text = "it imitates a much freer hand and therefore far pleasanter and easier to".split()
+    words = [Word(t, i * 300 * MS, (i * 300 + 250) * MS) for i, t in enumerate(text)]
+    first = host.handle(TagRequest(0, 0, tuple(words), (), words[-1].end_ns,
+                                   decide_until_ns=words[-1].end_ns))
+    last = Word("read.", words[-1].end_ns + 50 * MS, words[-1].end_ns + 400 * MS)
+    end = host.handle(TagRequest(1, len(words), (last,), (), last.end_ns, flush=True,
+                                 decide_until_ns=last.end_ns))
+    final = [*first.final, *end.final]
+    assert [tw.word.text for tw in final] == [*text, "read."]
+    assert final[-1].punct == "."

@@ -286,7 +286,10 @@ class TagHost:
         t_ns = time.monotonic_ns()
         kwargs = {}
         if req.decide_until_ns is not None and self._takes_deadline():
-            kwargs["decide_until_ns"] = req.decide_until_ns
+            # at the end the flush below decides every word, knowing the stream is complete:
+            # decided here first, a stream's last word lost its full stop ("easier to read.",
+            # the recogniser's last decode, is a window edge; complete, the stream ends there)
+            kwargs["decide_until_ns"] = -1 if req.flush else req.decide_until_ns
         upd = self.tagger.update(req.committed, () if req.flush else req.tentative,
                                  req.audio_end_ns, **kwargs)
         final = tuple(upd.final)
