@@ -104,9 +104,9 @@ async def _stream(sset: SpeechSet, latency_ms: int, args, seen=None) -> tuple[li
 
 
 class CpuTimed:
-    """A stage host whose calls last, on the fake clock, the CPU time they took, or for a
-    recogniser update ``update_ns`` (on the full input, on the cut span) where given, or
-    ``fixed_ns`` for every call (subd bench serial's hosts too: ``cost_ns`` says which)."""
+    """A stage host whose calls last, on the fake clock, their CPU time; with ``update_ns`` an
+    update lasts its span's cost (full input, cut span) and a stream's end the full input's (at
+    its CPU time load moved a stream's last words); ``fixed_ns``: every call (bench serial's)."""
 
     def __init__(self, host, update_ns: tuple[int, int] | None = None,
                  fixed_ns: int | None = None) -> None:
@@ -127,15 +127,9 @@ class CpuTimed:
             self.costs_ns.append(self.last_ns)
 
     def cost_ns(self, request, cpu_ns: int) -> int:
-        from subd.workers.hosts import FinishRequest
-
-        if self.update_ns is not None and hasattr(request, "full_span"):
-            return self.update_ns[0 if request.full_span else 1]
-        if self.update_ns is not None and isinstance(request, FinishRequest):
-            # the end of a stream decodes on Whisper's full input; at its CPU time, when the
-            # last words came in moved from run to run with the machine's load, and with it a
-            # stream's last mark (held-out, D = 0.5 s: "easier to read." in one run, not the next)
-            return self.update_ns[0]
+        if self.update_ns is not None and (hasattr(request, "full_span")
+                                           or type(request).__name__ == "FinishRequest"):
+            return self.update_ns[0 if getattr(request, "full_span", True) else 1]
         return cpu_ns if self.fixed_ns is None else self.fixed_ns
 
 
