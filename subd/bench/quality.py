@@ -127,8 +127,8 @@ class CpuTimed:
             self.costs_ns.append(self.last_ns)
 
     def cost_ns(self, request, cpu_ns: int) -> int:
-        if self.update_ns is not None and (hasattr(request, "full_span")
-                                           or type(request).__name__ == "FinishRequest"):
+        from subd.workers.hosts import FinishRequest, UpdateRequest
+        if self.update_ns is not None and isinstance(request, UpdateRequest | FinishRequest):
             return self.update_ns[0 if getattr(request, "full_span", True) else 1]
         return cpu_ns if self.fixed_ns is None else self.fixed_ns
 
