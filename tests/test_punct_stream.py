@@ -265,6 +265,26 @@ def test_a_comma_the_recogniser_left_out_is_the_taggers_to_add(
     assert shown.endswith("antecedents,") == tagger_commas, shown
 
 
+@pytest.mark.parametrize(("decoded_after", "shown"), [(3, "antecedents,"), (5, "antecedents.")])
+def test_a_full_stop_whisper_wrote_with_little_after_it_is_the_taggers_to_decide(
+        tagger: PunctTagger, decoded_after: int, shown: str) -> None:
+    """Deadline mode on one core (D = 2 s): the decode that decides "antecedents" heard a pause
+    and three words after it, and wrote "antecedents. Nor of the" (offline, with the whole
+    sentence: "antecedents, nor of the circumstances"). With so little decoded after it the
+    mark is the tagger's, which reads a comma; with more, Whisper's own full stop stands."""
+    spelled = ("If the reader will excuse me, I will say nothing of my antecedents. Nor of the "
+               "circumstances which led me").split()
+    words, t = [], 0
+    for w in spelled:
+        words.append(Word(w, t * MS, (t + 250) * MS))
+        t += 300 + (400 if w == "antecedents." else 0)
+    n = spelled.index("antecedents.") + 1
+    after = words[n:n + decoded_after]
+    out = PunctStream(tagger).update(words[:n], after, after[-1].end_ns,
+                                     decide_until_ns=words[n - 1].end_ns)
+    assert render(out.final).endswith(shown), render(out.final)
+
+
 def test_a_streams_last_word_keeps_its_full_stop_when_due_at_the_flush() -> None:
     """The end of a stream: the recogniser's last decode commits "read." (nothing decoded after
     it, a window edge), due at once, in the tag pass that also flushes. Decided first as a

@@ -61,10 +61,14 @@ class PunctConfig:
     # Deadline mode: a word the recogniser wrote with at least this many words decoded after
     # it keeps the recogniser's own mark and case (Whisper decided them with right context);
     # the tagger decides the others, the window-edge words among them. 0: the tagger decides.
-    # subd bench quality --pace cpu, LibriVox dev set, '.' F1 at D = 1 / 2 s: the tagger alone
-    # 1.00 / 0.67, Whisper's marks alone 1.00 / 1.00, this at 2: 1.00 / 1.00 (held-out 1.00
-    # at both); ',' 0 in all three (Whisper's late decodes leave out the one comma).
-    trust_recogniser_after_words: int = 2
+    # At 2 (one core's updates, D = 2 s) Whisper's full stop at a pause with "Nor of" after it
+    # stood ("antecedents. Nor of the circumstances"), which the tagger reads as a comma.
+    # subd bench quality --pace cpu, dev set, 2 -> 4: each clip its own stream (--per-clip
+    # --update-ms 450,140) D = 2 s '.' / ',' F1 0.75 / 0.37 -> 0.78 / 0.47, full stops inside
+    # sentences 4 -> 3, D = 4 s 0.87 / 0.60 -> 0.91 / 0.67, 2 -> 1; joined clips unchanged at
+    # D = 1, 2, 4 s. With a GPU's updates (--update-ms 60,30) Whisper hears more after each
+    # word: 4 keeps its marks there as 2 did (D = 2 s 0.82 / 0.53), 0 and 6 do not (0.76 / 0.50).
+    trust_recogniser_after_words: int = 4
     # ... but where it wrote no mark, the tagger's comma stands: Whisper leaves commas out far
     # more often than it misplaces one, and its full stops and capitals stay as it wrote them.
     # subd bench quality --pace cpu --update-ms 450,140 --synthetic, D = 2 s: ',' F1 dev
