@@ -65,9 +65,10 @@ class PunctConfig:
     # stood ("antecedents. Nor of the circumstances"), which the tagger reads as a comma.
     # subd bench quality --pace cpu, dev set, 2 -> 4: each clip its own stream (--per-clip
     # --update-ms 450,140) D = 2 s '.' / ',' F1 0.75 / 0.37 -> 0.78 / 0.47, full stops inside
-    # sentences 4 -> 3, D = 4 s 0.87 / 0.60 -> 0.91 / 0.67, 2 -> 1; joined clips unchanged at
-    # D = 1, 2, 4 s. With a GPU's updates (--update-ms 60,30) Whisper hears more after each
-    # word: 4 keeps its marks there as 2 did (D = 2 s 0.82 / 0.53), 0 and 6 do not (0.76 / 0.50).
+    # sentences 4 -> 3, D = 0.5, 1, 4, 10 s unchanged (0: D = 4 s 0.91 / 0.67 too); joined
+    # clips unchanged at D = 1, 2, 4 s. With a GPU's updates (--update-ms 60,30) Whisper hears
+    # more after each word: 4 keeps its marks there as 2 did (D = 2 s 0.82 / 0.53), 0 and 6
+    # do not (0.76 / 0.50).
     trust_recogniser_after_words: int = 4
     # ... but where it wrote no mark, the tagger's comma stands: Whisper leaves commas out far
     # more often than it misplaces one, and its full stops and capitals stay as it wrote them.
