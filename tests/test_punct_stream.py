@@ -243,6 +243,16 @@ def test_a_tentative_word_that_starts_early_is_no_pause(tagger: PunctTagger) -> 
     assert [t.word.text for t in up.provisional] == ["again", "on", "tuesday"]
 
 
+def _paused_after(spelled: list[str], word: str) -> tuple[list[Word], int]:
+    """``spelled`` timed 300 ms a word with a 400 ms pause after ``word``; and how many words
+    run up to and including it."""
+    words, t = [], 0
+    for w in spelled:
+        words.append(Word(w, t * MS, (t + 250) * MS))
+        t += 300 + (400 if w == word else 0)
+    return words, spelled.index(word) + 1
+
+
 @pytest.mark.parametrize("tagger_commas", [True, False])
 def test_a_comma_the_recogniser_left_out_is_the_taggers_to_add(
         tagger: PunctTagger, tagger_commas: bool) -> None:
@@ -252,12 +262,8 @@ def test_a_comma_the_recogniser_left_out_is_the_taggers_to_add(
     is kept."""
     spelled = ("If the reader will excuse me, I will say nothing of my antecedents nor of the "
                "circumstances which led me to leave my native country.").split()
-    words, t = [], 0
-    for w in spelled:
-        words.append(Word(w, t * MS, (t + 250) * MS))
-        t += 300 + (400 if w == "antecedents" else 0)
+    words, n = _paused_after(spelled, "antecedents")
     stream = PunctStream(tagger, PunctConfig(tagger_commas=tagger_commas))
-    n = spelled.index("antecedents") + 1
     out = stream.update(words[:n + 3], words[n + 3:], words[-1].end_ns,
                         decide_until_ns=words[n - 1].end_ns)
     shown = render(out.final)
@@ -274,11 +280,7 @@ def test_a_full_stop_whisper_wrote_with_little_after_it_is_the_taggers_to_decide
     mark is the tagger's, which reads a comma; with more, Whisper's own full stop stands."""
     spelled = ("If the reader will excuse me, I will say nothing of my antecedents. Nor of the "
                "circumstances which led me").split()
-    words, t = [], 0
-    for w in spelled:
-        words.append(Word(w, t * MS, (t + 250) * MS))
-        t += 300 + (400 if w == "antecedents." else 0)
-    n = spelled.index("antecedents.") + 1
+    words, n = _paused_after(spelled, "antecedents.")
     after = words[n:n + decoded_after]
     out = PunctStream(tagger).update(words[:n], after, after[-1].end_ns,
                                      decide_until_ns=words[n - 1].end_ns)
