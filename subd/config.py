@@ -103,6 +103,11 @@ class RecognizerConfig:
     # encoder input: the window's audio + this padding (0: Whisper's full 30 s; see
     # subd.recognise.streaming.StreamingConfig.encoder_pad_ms)
     encoder_pad_ms: int = field(default=2000, metadata=rng(0, 30_000))
+    # ... rounded up to this bucket (few encoder shapes recur); and the committed audio the
+    # window keeps before it moves on (the cut span's left context). Many channels on one GPU:
+    # 2000 and 3000 encode a third fewer frames (README, "A smaller cut window")
+    encoder_bucket_ms: int = field(default=4000, metadata=rng(20, 30_000))
+    trim_after_ms: int = field(default=6000, metadata=rng(500, 20_000))
     # per update, the cut span above or Whisper's full 30 s input: "auto" (full while it
     # leaves the due words 0.75 s of right context at this D: subd.pipeline.deadline), "cut",
     # "full"
@@ -132,6 +137,11 @@ class RecognizerConfig:
     def __post_init__(self) -> None:
         if not self.model:  # frozen: the default model is chosen once, here
             object.__setattr__(self, "model", default_model(self.language))
+
+    def window_options(self) -> dict[str, int]:
+        """The streaming recogniser's window keys set here (subd.recognise.streaming)."""
+        return {"encoder_pad_ms": self.encoder_pad_ms, "encoder_bucket_ms": self.encoder_bucket_ms,
+                "trim_after_ms": self.trim_after_ms}
 
     def on_gpu(self) -> bool:
         """The daemon's recogniser is the batched one on CUDA (as subd.service.daemon decides:

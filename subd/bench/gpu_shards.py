@@ -215,7 +215,7 @@ def run(args) -> int:
     library, _ = load_library(args.clips)
     log = TrialLog(args.log)
 
-    spec = recognizer_spec(args.model, "", encoder_pad_ms=rec.encoder_pad_ms)
+    spec = recognizer_spec(args.model, "", **rec.window_options())
     spec_args = (spec.target, dict(spec.kwargs, model=args.model))
     log(f"daemon policy: model {args.model} on {placement.device} ({placement.precision}"
         f"{', ' + torch.cuda.get_device_name() if placement.cuda else ''}); D "
@@ -223,7 +223,8 @@ def run(args) -> int:
         f"{setup.min_update_ms} ms of new audio ([recognizer] "
         f"{'gpu_update_ms = ' + repr(rec.gpu_update_ms) if placement.cuda else 'min_update_ms'}"
         f"), encoder span {setup.encoder_span} "
-        f"(pad {rec.encoder_pad_ms} ms); {setup.duration_s} s per trial after a "
+        f"(pad {rec.encoder_pad_ms} ms, bucket {rec.encoder_bucket_ms} ms, trim after "
+        f"{rec.trim_after_ms} ms); {setup.duration_s} s per trial after a "
         f"{setup.ramp_s} s ramp")
     capacity = ""
     if args.capacity:

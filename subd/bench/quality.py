@@ -147,7 +147,7 @@ async def _stream_cpu(sset: SpeechSet, latency_ms: int, args, seen=None) -> tupl
     cfg, t0_ns = _config(args, latency_ms), 10**12
     clock = FakeClock(start_ns=t0_ns)
     history = AudioHistory(cfg.recognizer.history_s * SAMPLE_RATE_HZ)
-    spec = recognizer_spec(args.model, **{"encoder_pad_ms": cfg.recognizer.encoder_pad_ms,
+    spec = recognizer_spec(args.model, **{**cfg.recognizer.window_options(),
                                           "language": args.language,
                                           **recognizer_overrides(args.overrides)})
     rec = CpuTimed(RecogniserHost(spec, history.capacity, history=history), update_ms(args))

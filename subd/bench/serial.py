@@ -174,7 +174,7 @@ async def simulate(n: int, library: np.ndarray, args, cfg, files: list | None = 
         clock = FakeClock(start_ns=t0_ns)
         host = _Costs(MultiplexHost(preload), args.update_ns)
         shared = SharedWorker(InlineWorker("recognise", host, clock, lambda r: host.last_ns))
-    spec = recognizer_spec(rec_cfg.model, "", encoder_pad_ms=rec_cfg.encoder_pad_ms)
+    spec = recognizer_spec(rec_cfg.model, "", **rec_cfg.window_options())
     rng = np.random.default_rng(args.seed)
     n_samples = int(args.duration_s * SAMPLE_RATE_HZ)
     stats: dict[str, int] = {}

@@ -39,7 +39,7 @@ class ChannelContext:
 
         cfg = self.config.recognizer
         spec = self.recogniser_spec or recognizer_spec(cfg.model, cfg.factory,
-                                                       encoder_pad_ms=cfg.encoder_pad_ms,
+                                                       **cfg.window_options(),
                                                        language=cfg.language)
         where = {"history_name": history.shm_name} if cfg.process else {"history": history}
         return FactorySpec("subd.workers.hosts:RecogniserHost",
