@@ -7,6 +7,8 @@ import re
 import subprocess
 import sys
 
+from subd.config import load_config
+
 
 def bench(*args: str, timeout_s: int = 300) -> str:
     proc = subprocess.run([sys.executable, "-m", "subd.cli", "bench", *args],
@@ -67,11 +69,15 @@ def test_realtime_prints_both_pipelines_and_writes_the_plot(tmp_path, speech_cli
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_daemon_runs_subd_run_per_cpu_processes_setting_and_prints_each_channel(speech_clips):
+def test_daemon_runs_subd_run_per_cpu_processes_setting_and_prints_each_channel(speech_clips,
+                                                                                tmp_path):
     """bench daemon: one real ``subd run`` per setting, the baseline first, each channel's
     figures from its events log (the 4-channel figures of issue 17 are its default run)."""
     out = bench("daemon", "--channels", "2", "--seconds", "10", "--processes", "1,2",
-                timeout_s=600)
+                "--device", "cpu", "--keep", str(tmp_path), timeout_s=600)
+    assert "([recognizer] device = 'cpu')" in out
+    configs = sorted(tmp_path.glob("p*.toml"))
+    assert len(configs) == 2 and {load_config(c).recognizer.device for c in configs} == {"cpu"}
     assert re.findall(r"cpu_processes = (\w+) \((\d+) recogniser processes\)", out) == [
         ("1", "1"), ("2", "2")]
     assert re.search(r"recognise\.0 \d+ %, recognise\.1 \d+ %", out)  # each process's CPU

@@ -67,7 +67,7 @@ def channel_audio(n_channels: int, seconds: float) -> list[tuple[Any, list[str]]
 
 
 def _config(port: int, latency_ms: int, processes: str, wavs: list[Path], logs: list[Path],
-            model: str) -> str:
+            model: str, device: str = "auto") -> str:
     value = f'"{processes}"' if processes == "auto" else processes
     channels = "".join(f"""
 [channels.c{i}.source]
@@ -80,6 +80,7 @@ path = "{log}"
     return f"""
 [recognizer]
 model = "{model}"
+device = "{device}"
 cpu_processes = {value}
 [tick]
 latency_ms = {latency_ms}
@@ -123,7 +124,8 @@ def _run_once(tmp: Path, args: argparse.Namespace, processes: str,
     logs = [tmp / f"{tag}-c{i}.jsonl" for i in range(len(wavs))]
     port = free_port()
     config = tmp / f"{tag}.toml"
-    config.write_text(_config(port, args.latency_ms, processes, wavs, logs, args.model))
+    config.write_text(_config(port, args.latency_ms, processes, wavs, logs, args.model,
+                              args.device))
     log = tmp / f"{tag}.log"
     with open(log, "wb") as out:
         proc = subprocess.Popen([sys.executable, "-m", "subd.cli", "run", "--config",
@@ -220,7 +222,8 @@ def run(args: argparse.Namespace) -> int:
                 _print_row(row, args)
     load_end = os.getloadavg()
     limit = args.latency_ms / 1000 + SHOWN_SLACK_S
-    print(f"\nsubd bench daemon: {args.channels} channels of {args.model} in one subd run, "
+    print(f"\nsubd bench daemon: {args.channels} channels of {args.model} in one subd run "
+          f"([recognizer] device = {args.device!r}), "
           f"D = {args.latency_ms} ms, {len(os.sched_getaffinity(0))} usable cores, audio "
           f"{min(len(a) for a, _ in audio) / RATE:.0f}-{max(len(a) for a, _ in audio) / RATE:.0f}"
           f" s a channel (dev and held-out clips), load average {load_start[0]:.2f} at the "
@@ -276,6 +279,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="audio per channel, in whole clips (all of them: 85 s)")
     p.add_argument("--latency-ms", type=int, default=2000, help="D")
     p.add_argument("--model", default="tiny.en", help="[recognizer] model")
+    p.add_argument("--device", default="auto",
+                   help="[recognizer] device: auto (the daemon's default), cpu, cuda, cuda:N; on "
+                        "CUDA every channel is on the batched recogniser and --processes does "
+                        "not apply")
     p.add_argument("--keep", metavar="DIR",
                    help="write the audio, configurations, daemon logs and events logs here")
     p.set_defaults(func=run)

@@ -11,6 +11,7 @@ next. espeak-ng speech (questions, commas) is a supplementary set, never the acc
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,7 +22,9 @@ from subd.errors import UserError
 from subd.scoring.punct import MARKS, SENTENCE_END, Scores, reference_words, split_marked
 from subd.scoring.wer import normalise, word_errors
 
-POCKETSPHINX = Path("/usr/share/pocketsphinx/test/data")
+# Debian's pocketsphinx-testdata; SUBD_POCKETSPHINX: a copy of it where the package is not
+# installed (the GPU machine: its librivox/ and cards/ folders)
+POCKETSPHINX = Path(os.environ.get("SUBD_POCKETSPHINX", "/usr/share/pocketsphinx/test/data"))
 SPEECH = Path(__file__).resolve().parents[2] / "data" / "speech"  # the repository's clips
 GAP_S = 0.75
 # The split: chosen before any tuning, both sets mixing long and short clips. The data/speech
