@@ -305,3 +305,16 @@ def test_a_streams_last_word_keeps_its_full_stop_when_due_at_the_flush() -> None
     final = [*first.final, *end.final]
     assert [tw.word.text for tw in final] == [*text, "read."]
     assert final[-1].punct == "."
+
+
+def test_a_tagger_whose_flush_takes_no_words_still_gets_the_streams_last_words() -> None:
+    """A third-party tagger with the plain ``flush(audio_end_ns)`` gets the last committed
+    words in one last ``update``, then its flush; none is lost at the end of the stream."""
+    from subd.workers.hosts import TagHost, TagRequest
+
+    host = TagHost(None)  # the pass-through tagger: flush(audio_end_ns) only
+    words = (Word("so", 0, 200 * MS), Word("long.", 250 * MS, 600 * MS))
+    end = host.handle(TagRequest(0, 0, words, (), words[-1].end_ns, flush=True,
+                                 decide_until_ns=words[-1].end_ns))
+    assert [tw.text for tw in end.final] == ["so", "long."] and end.provisional == ()
+    assert end.first_final_idx == 0 and host.n_final == 2

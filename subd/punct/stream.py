@@ -138,14 +138,7 @@ class PunctStream:
         ``decide_until_ns`` (deadline mode: the pipeline's tick), exactly those that end by
         then: a word is decided at its tick's look-ahead fetch, with all the right context
         there is by then, and never earlier."""
-        for w in committed:
-            if w.start_ns < self._last_end_ns - 1_000_000_000:
-                raise ValueError(f"committed word {w.text!r} starts long before the previous one")
-            self._last_end_ns = max(self._last_end_ns, w.end_ns)
-        self._pending.extend(committed)
-        n_decoded = len(committed) + len(tentative)  # words of the hypothesis, in order
-        self._pending_marks += [recogniser_mark(w.text, n_decoded - 1 - i)
-                                for i, w in enumerate(committed)]
+        self._take(committed, len(committed) + len(tentative))
         # A tentative word re-states committed audio only if it lies mostly inside it: word
         # times move by 100-200 ms between decodes, and dropping a word that merely starts a
         # little early would leave a gap that reads as a pause (a false sentence end).
@@ -170,9 +163,24 @@ class PunctStream:
         return self._decide(tail, after_last_ns, n_decide, complete=False,
                             deadline=decide_until_ns is not None)
 
-    def flush(self, audio_end_ns: int | None = None) -> PunctUpdate:
-        """End of stream: decide every pending word (the last word ends the stream)."""
+    def flush(self, audio_end_ns: int | None = None, committed: Sequence[Word] = ()
+              ) -> PunctUpdate:
+        """End of stream: take the last ``committed`` words (nothing decoded after them) and
+        decide every pending word, knowing the last one ends the stream. (Decided first as
+        due words, a stream's last word was a window edge and lost its full stop.)"""
+        self._take(committed, len(committed))
         return self._decide([], audio_end_ns, len(self._pending), complete=True)
+
+    def _take(self, committed: Sequence[Word], n_decoded: int) -> None:
+        """Newly committed words join the pending ones, each with the recogniser's mark and
+        how many words it decoded after it (``n_decoded``: the hypothesis's words, in order)."""
+        for w in committed:
+            if w.start_ns < self._last_end_ns - 1_000_000_000:
+                raise ValueError(f"committed word {w.text!r} starts long before the previous one")
+            self._last_end_ns = max(self._last_end_ns, w.end_ns)
+        self._pending.extend(committed)
+        self._pending_marks += [recogniser_mark(w.text, n_decoded - 1 - i)
+                                for i, w in enumerate(committed)]
 
     def _n_ready(self, tail: Sequence[Word], after_last_ns: int | None) -> int:
         """How many pending words (a prefix) have enough right context now: words or a pause

@@ -169,6 +169,8 @@ class StreamTagger(Protocol):
                audio_end_ns: int) -> Any: ...
 
     def flush(self, audio_end_ns: int | None = None) -> Any: ...
+    # a tagger whose flush also takes ``committed`` (the stream's last words) gets them there;
+    # another gets them in one last ``update`` before its flush
 
 
 class PassThroughTagger:
@@ -264,6 +266,7 @@ def resolve_tagger(spec: str) -> FactorySpec | None:
 
 class TagHost:
     _deadline_aware: bool | None = None  # whether the tagger takes deadlines (first call)
+    _flush_takes_words: bool | None = None  # whether its flush takes the last words
 
     def __init__(self, tagger: FactorySpec | None = None, first_final_idx: int = 0) -> None:
         self.tagger: StreamTagger = tagger.build() if tagger else PassThroughTagger()
@@ -284,23 +287,28 @@ class TagHost:
 
     def _handle(self, req: TagRequest) -> TagResult:
         t_ns = time.monotonic_ns()
-        kwargs = {}
-        if req.decide_until_ns is not None and self._takes_deadline():
-            # at the end the flush below decides every word, knowing the stream is complete:
-            # decided here first, a stream's last word lost its full stop ("easier to read.",
-            # the recogniser's last decode, is a window edge; complete, the stream ends there)
-            kwargs["decide_until_ns"] = -1 if req.flush else req.decide_until_ns
-        upd = self.tagger.update(req.committed, () if req.flush else req.tentative,
-                                 req.audio_end_ns, **kwargs)
-        final = tuple(upd.final)
-        provisional = tuple(upd.provisional)
         if req.flush:
-            rest = self.tagger.flush(req.audio_end_ns)
-            final += tuple(rest.final)
-            provisional = ()
+            final, provisional = self._flush(req), ()
+        else:
+            kwargs = {}
+            if req.decide_until_ns is not None and self._takes_deadline():
+                kwargs["decide_until_ns"] = req.decide_until_ns
+            upd = self.tagger.update(req.committed, req.tentative, req.audio_end_ns, **kwargs)
+            final, provisional = tuple(upd.final), tuple(upd.provisional)
         first = self.n_final
         self.n_final += len(final)
         return TagResult(req.k, first, final, provisional, time.monotonic_ns() - t_ns)
+
+    def _flush(self, req: TagRequest) -> tuple[TaggedWord, ...]:
+        """End of stream: the last committed words and every pending one, decided knowing the
+        stream is complete (as due words first, "easier to read." lost its full stop: the
+        recogniser's last decode is a window edge; complete, the stream ends there)."""
+        if self._flush_takes_words is None:
+            self._flush_takes_words = accepts(self.tagger.flush, "committed")
+        if self._flush_takes_words:
+            return tuple(self.tagger.flush(req.audio_end_ns, committed=req.committed).final)
+        last = self.tagger.update(req.committed, (), req.audio_end_ns)
+        return tuple(last.final) + tuple(self.tagger.flush(req.audio_end_ns).final)
 
     def close(self) -> None:
         pass
