@@ -51,6 +51,13 @@ class EngineConfig:
     ctx_buckets: tuple[int, ...] = CTX_BUCKETS  # self-attention lengths likewise
 
 
+def buffer_width(config: EngineConfig) -> int:
+    """Tokens the decode buffers hold a row: the new tokens and one graph chunk past them
+    (the window engine's new tokens are the forced prefix and the decoded ones: up to the
+    whole text context)."""
+    return config.max_new_tokens + config.chunk_steps + 1
+
+
 def bucket(n: int, buckets: tuple[int, ...]) -> int:
     for b in buckets:
         if b >= n:
@@ -77,7 +84,7 @@ class BatchedEngine:
         self.model = model
         dims = model.dims
         self.n_mels = dims.n_mels
-        width = config.max_new_tokens + config.chunk_steps + 1
+        width = buffer_width(config)
         self.buf = DecodeBuffers(model.decoder, config.max_rows, dims.n_audio_ctx, width,
                                  dtype=self.dtype, device=self.device)
         self._rules: dict[tuple, BatchRules] = {}

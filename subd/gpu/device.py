@@ -112,3 +112,39 @@ def load_engine(model: str, placement: Placement, *, threads: int | None = None,
     loaded = on_device(load_weights(model), placement)
     return WhisperEngine(loaded, threads=threads or _default_threads(), language=language)
 
+
+
+# What a process keeps free of its share of the GPU beyond the weights and the decode buffers:
+# encoder activations (up to 128 windows of 30 s at once), cuFFT/cuBLAS workspaces, the CUDA
+# graphs' pool and the allocator's slack.
+WORKSPACE_SHARE = 0.3
+GiB = 2**30
+
+
+def rows_that_fit(dims, dtype, max_new: int, weights_bytes: int, share_bytes: int,
+                  max_rows: int, model: str = "the model") -> int:
+    """How many windows one batched engine can decode at once (its decode buffers are
+    allocated for all of them up front) within ``share_bytes`` of device memory: at most
+    ``max_rows``. A share too small for one row is a one-line :class:`ConfigError`."""
+    from subd.models.batched_decode import bytes_per_row
+
+    per_row = bytes_per_row(dims, dtype, max_new)
+    room = int(share_bytes * (1 - WORKSPACE_SHARE)) - weights_bytes
+    rows = min(max_rows, room // per_row)
+    if rows < 1:
+        raise ConfigError(
+            f"[recognizer] gpu_processes: {model} needs {per_row / GiB:.2f} GiB of decode "
+            f"buffers a window and {weights_bytes / GiB:.1f} GiB of weights; a process's share "
+            f"of the GPU is {share_bytes / GiB:.1f} GiB: run fewer processes")
+    return rows
+
+
+def memory_share(device: str, share: float) -> int:
+    """Bytes of ``device`` this process may still take: ``share`` of its memory (one of several
+    processes) less what it holds already, and no more than is free now (other processes and
+    programs hold the rest)."""
+    import torch
+
+    dev = torch.device(device)
+    free, total = torch.cuda.mem_get_info(dev)
+    return int(min(total * share - torch.cuda.memory_reserved(dev), free))

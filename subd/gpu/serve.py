@@ -22,14 +22,19 @@ _ENGINE: BatchingEngine | None = None
 
 
 def load_batching_engine(model: str = "tiny.en", device: str = "auto", precision: str = "auto",
-                         max_rows: int = 256, threads: int = 0) -> BatchingEngine:
-    """This process's batched engine (loaded once; a second call gets the same one)."""
+                         max_rows: int = 256, threads: int = 0, share: float = 1.0
+                         ) -> BatchingEngine:
+    """This process's batched engine (loaded once; a second call gets the same one). On CUDA
+    it decodes at most as many windows at once as fit in ``share`` of the GPU's memory (one
+    of several processes: 1 / their number): the decode buffers are allocated up front, and
+    at 256 rows large-v3's alone take 80 GB."""
     global _ENGINE
     if _ENGINE is not None:
         return _ENGINE
     import torch
 
     from subd.gpu.device import place, torch_dtype
+    from subd.models.batched import EngineConfig, buffer_width
     from subd.models.batched_window import WindowEngine
     from subd.models.engine import live_threads
     placement = place(device, precision)
@@ -42,13 +47,24 @@ def load_batching_engine(model: str = "tiny.en", device: str = "auto", precision
         torch.set_num_threads(threads or live_threads())
     elif threads:  # one of several processes on this GPU: its share of the cores
         torch.set_num_threads(threads)
-    windows = WindowEngine(load_weights(model), placement.device,
-                           torch_dtype(placement.precision),
-                           max_rows=max_rows if placement.cuda else min(max_rows, CPU_MAX_ROWS),
+    loaded = load_weights(model)
+    dtype = torch_dtype(placement.precision)
+    if placement.cuda:
+        from subd.gpu.device import memory_share, rows_that_fit
+
+        dims = loaded.model.dims
+        weights = sum(p.numel() for p in loaded.model.parameters()) * dtype.itemsize
+        width = buffer_width(EngineConfig(max_new_tokens=dims.n_text_ctx))  # WindowEngine's
+        max_rows = rows_that_fit(dims, dtype, width, weights,
+                                 memory_share(placement.device, share), max_rows, model)
+    else:
+        max_rows = min(max_rows, CPU_MAX_ROWS)
+    windows = WindowEngine(loaded, placement.device, dtype, max_rows=max_rows,
                            quantize=placement.precision == "int8")
     if placement.cuda:  # compile and capture now, not on the first channels' words
         windows.warm()
-    log.info("batched recogniser: %s on %s (%s)", model, placement.device, placement.precision)
+    log.info("batched recogniser: %s on %s (%s), up to %d windows a batch", model,
+             placement.device, placement.precision, max_rows)
     _ENGINE = BatchingEngine(windows)
     return _ENGINE
 

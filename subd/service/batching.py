@@ -113,13 +113,13 @@ class BatchedMultiplexHost(MultiplexHost):
     channel's request at once."""
 
     def __init__(self, model: str = "tiny.en", device: str = "auto", precision: str = "auto",
-                 max_rows: int = 256, threads: int = 0) -> None:
+                 max_rows: int = 256, threads: int = 0, share: float = 1.0) -> None:
         from subd.gpu.serve import load_batching_engine
 
         super().__init__(None)
         # threads: torch's CPU threads (0: the default); one of several shards gets its share
-        # of the cores (subd.service.sharding)
-        self.engine = load_batching_engine(model, device, precision, max_rows, threads)
+        # of the cores and of the GPU's memory (subd.service.sharding)
+        self.engine = load_batching_engine(model, device, precision, max_rows, threads, share)
         self.last_batch_ns = 0
 
     def handle(self, request: Any) -> Any:

@@ -169,7 +169,8 @@ def batched_recogniser(cfg: Any, *, cuda: bool, max_rows: int | None = None,
 
     n = shard_count(cfg.gpu_processes, cuda)
     host = {"model": cfg.model, "device": cfg.device, "precision": cfg.precision,
-            "threads": torch_threads_per_shard(n) if n > 1 else 0, **(host_extra or {})}
+            "threads": torch_threads_per_shard(n) if n > 1 else 0, "share": 1 / n,
+            **(host_extra or {})}
     if max_rows is not None:
         host["max_rows"] = max_rows
     spec = FactorySpec(host_target, host)
