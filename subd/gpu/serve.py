@@ -27,7 +27,7 @@ def load_batching_engine(model: str = "tiny.en", device: str = "auto", precision
     """This process's batched engine (loaded once; a second call gets the same one). On CUDA
     it decodes at most as many windows at once as fit in ``share`` of the GPU's memory (one
     of several processes: 1 / their number): the decode buffers are allocated up front, and
-    at 256 rows large-v3's alone take 80 GB."""
+    at 256 rows large-v3's alone take 76 GiB."""
     global _ENGINE
     if _ENGINE is not None:
         return _ENGINE
