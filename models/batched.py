@@ -52,10 +52,15 @@ class EngineConfig:
 
 
 def buffer_width(config: EngineConfig) -> int:
-    """Tokens the decode buffers hold a row: the new tokens and one graph chunk past them
-    (the window engine's new tokens are the forced prefix and the decoded ones: up to the
-    whole text context)."""
+    """Tokens the decode buffers hold a row: the new tokens and one graph chunk past them."""
     return config.max_new_tokens + config.chunk_steps + 1
+
+
+def window_config(dims, max_rows: int) -> EngineConfig:
+    """The window engine's (models.batched_window): its new tokens are the forced prefix and
+    the decoded ones, up to the whole text context."""
+    return EngineConfig(max_rows=max_rows, max_new_tokens=dims.n_text_ctx,
+                        encoder_rows=min(128, max_rows))
 
 
 def bucket(n: int, buckets: tuple[int, ...]) -> int:

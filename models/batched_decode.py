@@ -39,8 +39,8 @@ def bytes_per_row(dims, dtype: torch.dtype, max_new: int) -> int:
     layer's self- and cross-attention keys and values (the cross ones over Whisper's whole
     1500 frames; large-v3 in float16: 319 MB a row), the logits, the output tokens with their
     log-probabilities, and the per-row state."""
-    size = torch.empty((), dtype=dtype).element_size()
-    kv = dims.n_text_layer * 2 * dims.n_text_state * (dims.n_text_ctx + dims.n_audio_ctx) * size
+    kv = dims.n_text_layer * 2 * dims.n_text_state * (dims.n_text_ctx + dims.n_audio_ctx) \
+        * dtype.itemsize
     state = 8 * (8 + MAX_GRAM) + 4 + 2  # 8 long counters and tokens, the n-gram runs,
     # the temperature, 2 flags
     return kv + 4 * dims.n_vocab + 12 * max_new + state

@@ -35,7 +35,7 @@ import torch
 from subd.kernels.mel import WINDOW_FRAMES
 from subd.kernels.mel_gpu import n_frames_for
 from subd.models.alignment import alignment_matrix, dtw_paths, words_from_path
-from subd.models.batched import BatchedEngine, EngineConfig, bucket, read_back
+from subd.models.batched import BatchedEngine, bucket, read_back, window_config
 from subd.models.batched_decode import StepShape, cross_fill, prefill
 from subd.models.decoding import (
     DecodeOptions,
@@ -87,8 +87,7 @@ class WindowEngine:
                  dtype: torch.dtype = torch.float32, *, max_rows: int = 64,
                  quantize: bool = False, language: str = "en"):
         # the token buffers hold the prefix and the new tokens: up to the whole text context
-        config = EngineConfig(max_rows=max_rows, max_new_tokens=loaded.model.dims.n_text_ctx,
-                              encoder_rows=min(128, max_rows))
+        config = window_config(loaded.model.dims, max_rows)
         self.batched = BatchedEngine(loaded, device=device, dtype=dtype, config=config)
         if quantize:  # CPU int8, as the single-stream live engine runs
             from subd.models.engine import quantize_linears

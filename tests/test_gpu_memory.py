@@ -1,7 +1,7 @@
 """How many windows a batched engine decodes at once on CUDA: its decode buffers are allocated
 for every row up front, so the rows come from the process's share of the GPU's memory
 (subd.gpu.device.rows_that_fit). At the old fixed 256 rows, large-v3's buffers alone took
-80 GiB a process, and large-v3-turbo's at 12 processes overran an H200 (measured there)."""
+76 GiB a process, and large-v3-turbo's at 12 processes overran an H200 (measured there)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from subd.bench.gpu_capacity import SIZES
 from subd.config import RecognizerConfig, build_section
 from subd.errors import ConfigError
 from subd.gpu.device import GiB, rows_that_fit
-from subd.models.batched import EngineConfig, buffer_width
+from subd.models.batched import buffer_width, window_config
 from subd.models.batched_decode import DecodeBuffers, bytes_per_row
 from subd.models.whisper import Whisper, WhisperDims
 
@@ -24,7 +24,7 @@ H200 = 139.8 * GiB
 
 
 def _width(dims: WhisperDims) -> int:
-    return buffer_width(EngineConfig(max_new_tokens=dims.n_text_ctx))
+    return buffer_width(window_config(dims, 1))
 
 
 def _weights(dims: WhisperDims) -> int:

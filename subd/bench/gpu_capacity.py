@@ -193,19 +193,15 @@ class CapacityHost(BatchedMultiplexHost):
     def __init__(self, model: str = "tiny.en", device: str = "auto", precision: str = "auto",
                  max_rows: int = 256, threads: int = 0, share: float = 1.0,
                  capacity: str = "large-v3-turbo") -> None:
-        from subd.gpu.device import memory_share, place, rows_that_fit, torch_dtype
-        from subd.models.batched import EngineConfig, buffer_width
+        from subd.gpu.device import place, rows_on_device, torch_dtype
 
         super().__init__(model, device, precision, max_rows, threads, share)
         placement = place(device, precision)
         dtype = torch_dtype(placement.precision if placement.cuda else "fp32")
         if placement.cuda:  # what is left of this process's share after the real model
-            dims = SIZES[capacity]
             with torch.device("meta"):
-                weights = sum(p.numel() for p in Whisper(dims).parameters()) * dtype.itemsize
-            max_rows = rows_that_fit(dims, dtype, buffer_width(EngineConfig(
-                max_new_tokens=dims.n_text_ctx)), weights, memory_share(placement.device, share),
-                max_rows, capacity)
+                shape = Whisper(SIZES[capacity])
+            max_rows = rows_on_device(shape, dtype, placement.device, share, max_rows, capacity)
         self.engine.windows = capacity_windows(self.engine.windows, capacity, placement.device,
                                                dtype, max_rows if placement.cuda else 16)
         if placement.cuda:  # compile and capture now, not in the first trial

@@ -113,7 +113,6 @@ def load_engine(model: str, placement: Placement, *, threads: int | None = None,
     return WhisperEngine(loaded, threads=threads or _default_threads(), language=language)
 
 
-
 # What a process keeps free of its share of the GPU beyond the weights and the decode buffers:
 # encoder activations (up to 128 windows of 30 s at once), cuFFT/cuBLAS workspaces, the CUDA
 # graphs' pool and the allocator's slack.
@@ -137,6 +136,16 @@ def rows_that_fit(dims, dtype, max_new: int, weights_bytes: int, share_bytes: in
             f"buffers a window and {weights_bytes / GiB:.1f} GiB of weights; a process's share "
             f"of the GPU is {share_bytes / GiB:.1f} GiB: run fewer processes")
     return rows
+
+
+def rows_on_device(model, dtype, device: str, share: float, max_rows: int, name: str) -> int:
+    """:func:`rows_that_fit` for a window engine (models.batched.window_config) of ``model``
+    (its weights counted from its parameters) in this process's ``share`` of ``device``."""
+    from subd.models.batched import buffer_width, window_config
+
+    weights = sum(p.numel() for p in model.parameters()) * dtype.itemsize
+    return rows_that_fit(model.dims, dtype, buffer_width(window_config(model.dims, max_rows)),
+                         weights, memory_share(device, share), max_rows, name)
 
 
 def memory_share(device: str, share: float) -> int:

@@ -34,7 +34,6 @@ def load_batching_engine(model: str = "tiny.en", device: str = "auto", precision
     import torch
 
     from subd.gpu.device import place, torch_dtype
-    from subd.models.batched import EngineConfig, buffer_width
     from subd.models.batched_window import WindowEngine
     from subd.models.engine import live_threads
     placement = place(device, precision)
@@ -50,13 +49,9 @@ def load_batching_engine(model: str = "tiny.en", device: str = "auto", precision
     loaded = load_weights(model)
     dtype = torch_dtype(placement.precision)
     if placement.cuda:
-        from subd.gpu.device import memory_share, rows_that_fit
+        from subd.gpu.device import rows_on_device
 
-        dims = loaded.model.dims
-        weights = sum(p.numel() for p in loaded.model.parameters()) * dtype.itemsize
-        width = buffer_width(EngineConfig(max_new_tokens=dims.n_text_ctx))  # WindowEngine's
-        max_rows = rows_that_fit(dims, dtype, width, weights,
-                                 memory_share(placement.device, share), max_rows, model)
+        max_rows = rows_on_device(loaded.model, dtype, placement.device, share, max_rows, model)
     else:
         max_rows = min(max_rows, CPU_MAX_ROWS)
     windows = WindowEngine(loaded, placement.device, dtype, max_rows=max_rows,
