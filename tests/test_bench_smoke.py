@@ -7,6 +7,8 @@ import re
 import subprocess
 import sys
 
+import pytest
+
 from subd.config import load_config
 
 
@@ -74,10 +76,11 @@ def test_daemon_runs_subd_run_per_cpu_processes_setting_and_prints_each_channel(
     """bench daemon: one real ``subd run`` per setting, the baseline first, each channel's
     figures from its events log (the 4-channel figures of issue 17 are its default run)."""
     out = bench("daemon", "--channels", "2", "--seconds", "10", "--processes", "1,2",
-                "--device", "cpu", "--keep", str(tmp_path), timeout_s=600)
-    assert "([recognizer] device = 'cpu')" in out
-    configs = sorted(tmp_path.glob("p*.toml"))
-    assert len(configs) == 2 and {load_config(c).recognizer.device for c in configs} == {"cpu"}
+                "--device", "cpu", "--update-ms", "400", "--keep", str(tmp_path), timeout_s=600)
+    assert "([recognizer] device = 'cpu', an update every 400 ms of audio)" in out
+    configs = [load_config(c).recognizer for c in sorted(tmp_path.glob("p*.toml"))]
+    assert len(configs) == 2 and {c.device for c in configs} == {"cpu"}
+    assert {(c.min_update_ms, c.gpu_update_ms) for c in configs} == {(400, 400)}
     assert re.findall(r"cpu_processes = (\w+) \((\d+) recogniser processes\)", out) == [
         ("1", "1"), ("2", "2")]
     assert re.search(r"recognise\.0 \d+ %, recognise\.1 \d+ %", out)  # each process's CPU
@@ -93,3 +96,28 @@ def test_daemon_runs_subd_run_per_cpu_processes_setting_and_prints_each_channel(
     assert [s[0] for s in summary] == ["1", "2"]
     assert re.search(r"worst channel's p95 against cpu_processes = 1: 2 [\d.]+ s \([\d.]+x\)",
                      out)
+    # the captions compared word for word with the baseline's, channel by channel
+    same = re.search(r"^captions of 2 against 1: (\d) of 2 channels word for word the same; "
+                     r"words that differ per channel: (\d+), (\d+)$", out, re.M)
+    assert same and int(same.group(1)) == (same.group(2), same.group(3)).count("0")
+
+
+def test_daemon_settings_pair_each_device_with_the_processes_that_apply_there():
+    """--device cpu,cuda: the CPU with every --processes setting, CUDA once (its channels are
+    all on the batched recogniser); bad lists are one-line errors."""
+    from argparse import Namespace
+
+    from subd.bench.daemon import _settings
+    from subd.errors import UserError
+
+    def args(**kw):
+        base = dict(channels=4, runs=1, seconds=10.0, processes="1,auto", device="cpu,cuda",
+                    update_ms=None, precision="auto")
+        return Namespace(**{**base, **kw})
+
+    assert _settings(args()) == [("cpu", "1"), ("cpu", "auto"), ("cuda", "1")]
+    assert _settings(args(device="cuda:1", processes="2")) == [("cuda:1", "2")]
+    for bad in (dict(device="gpu"), dict(device="cpu,cpu"), dict(processes="0"),
+                dict(update_ms=5)):
+        with pytest.raises(UserError, match="--device a comma list"):
+            _settings(args(**bad))

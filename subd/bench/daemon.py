@@ -67,8 +67,11 @@ def channel_audio(n_channels: int, seconds: float) -> list[tuple[Any, list[str]]
 
 
 def _config(port: int, latency_ms: int, processes: str, wavs: list[Path], logs: list[Path],
-            model: str, device: str = "auto") -> str:
+            model: str, device: str = "auto", update_ms: int | None = None,
+            precision: str = "auto") -> str:
     value = f'"{processes}"' if processes == "auto" else processes
+    cadence = ("" if update_ms is None else
+               f"min_update_ms = {update_ms}\ngpu_update_ms = {update_ms}\n")
     channels = "".join(f"""
 [channels.c{i}.source]
 kind = "file"
@@ -81,8 +84,9 @@ path = "{log}"
 [recognizer]
 model = "{model}"
 device = "{device}"
+precision = "{precision}"
 cpu_processes = {value}
-[tick]
+{cadence}[tick]
 latency_ms = {latency_ms}
 [server]
 port = {port}
@@ -114,7 +118,7 @@ def _published(log: str) -> dict[str, dict[str, int]]:
                                 r"(\d+) fallbacks, \d+ stale slots, (\d+) degraded", log)}
 
 
-def _run_once(tmp: Path, args: argparse.Namespace, processes: str,
+def _run_once(tmp: Path, args: argparse.Namespace, device: str, processes: str,
               audio: list[tuple[Any, list[str]]], wavs: list[Path]) -> dict[str, Any]:
     from subd.errors import UserError
     from subd.scoring.wer import normalise, wer
@@ -125,7 +129,7 @@ def _run_once(tmp: Path, args: argparse.Namespace, processes: str,
     port = free_port()
     config = tmp / f"{tag}.toml"
     config.write_text(_config(port, args.latency_ms, processes, wavs, logs, args.model,
-                              args.device))
+                              device, args.update_ms, args.precision))
     log = tmp / f"{tag}.log"
     with open(log, "wb") as out:
         proc = subprocess.Popen([sys.executable, "-m", "subd.cli", "run", "--config",
@@ -186,24 +190,45 @@ def _run_once(tmp: Path, args: argparse.Namespace, processes: str,
             p95=percentile(shown, 0.95) if shown else float("nan"),
             max=max(shown, default=float("nan")),
             within=sum(s <= limit for s in shown) / max(1, len(shown)),
-            updates=seen.get("updates", {}).get(name, 0),
+            updates=seen.get("updates", {}).get(name, 0), text=normalise(" ".join(words)),
             wer=wer(ref, normalise(" ".join(words)))))
     totals = {k: sum(c[k] for c in counts.values()) for k in COUNTERS}
-    return dict(processes=processes, channels=channels, totals=totals, cpu=seen.get("cpu", {}),
+    return dict(device=device, processes=processes, channels=channels, totals=totals,
+                cpu=seen.get("cpu", {}),
                 publish_p99_ms=percentile(errors_ms, 0.99) if errors_ms else float("nan"),
                 recognisers=sum(name.startswith("recognise") for name in pids))
+
+
+def _settings(args: argparse.Namespace) -> list[tuple[str, str]]:
+    """(device, cpu_processes) per setting, the baseline first; on CUDA the processes setting
+    does not apply, so a CUDA device is run once, with the first."""
+    from subd.errors import UserError
+
+    devices = [d.strip() for d in args.device.split(",") if d.strip()]
+    procs = [s.strip() for s in args.processes.split(",") if s.strip()]
+    if not 1 <= args.channels <= 16 or args.runs < 1 or args.seconds <= 0 or not procs \
+            or not devices or len(set(devices)) < len(devices) \
+            or any(s != "auto" and not (s.isdigit() and 1 <= int(s) <= 64) for s in procs) \
+            or any(not re.fullmatch(r"auto|cpu|cuda(:\d{1,2})?", d) for d in devices) \
+            or args.update_ms is not None and not 20 <= args.update_ms <= 10_000:
+        raise UserError("daemon: need --channels in 1..16, --runs >= 1, --seconds > 0, "
+                        "--processes a comma list of 'auto' and counts 1..64, --device a comma "
+                        "list of auto, cpu, cuda, cuda:N and --update-ms in 20..10000")
+    return [(d, p) for d in devices for p in (procs[:1] if d.startswith("cuda") else procs)]
+
+
+def _label(device: str, processes: str, several_devices: bool) -> str:
+    return f"{device}/{processes}" if several_devices else processes
 
 
 def run(args: argparse.Namespace) -> int:
     import soundfile as sf
 
-    from subd.errors import UserError
+    from subd.scoring.wer import word_errors
 
-    settings = [s.strip() for s in args.processes.split(",") if s.strip()]
-    if not 1 <= args.channels <= 16 or args.runs < 1 or args.seconds <= 0 or not settings \
-            or any(s != "auto" and not (s.isdigit() and 1 <= int(s) <= 64) for s in settings):
-        raise UserError("daemon: need --channels in 1..16, --runs >= 1, --seconds > 0 and "
-                        "--processes a comma list of 'auto' and counts 1..64")
+    settings = _settings(args)
+    several = len({d for d, _ in settings}) > 1
+    labels = [_label(d, p, several) for d, p in settings]
     audio = channel_audio(args.channels, args.seconds)
     load_start = os.getloadavg()
     rows = []
@@ -215,30 +240,34 @@ def run(args: argparse.Namespace) -> int:
             wavs.append(tmp / f"c{i}.wav")
             sf.write(wavs[-1], samples, RATE, subtype="PCM_16")
         for r in range(args.runs):
-            for processes in settings:
-                row = _run_once(tmp, args, processes, audio, wavs)
-                row["run"] = r + 1
+            for (device, processes), label in zip(settings, labels, strict=True):
+                row = _run_once(tmp, args, device, processes, audio, wavs)
+                row["run"], row["label"] = r + 1, label
                 rows.append(row)
                 _print_row(row, args)
     load_end = os.getloadavg()
     limit = args.latency_ms / 1000 + SHOWN_SLACK_S
+    cadence = "" if args.update_ms is None else f", an update every {args.update_ms} ms of audio"
+    if args.precision != "auto":
+        cadence += f", precision {args.precision}"
     print(f"\nsubd bench daemon: {args.channels} channels of {args.model} in one subd run "
-          f"([recognizer] device = {args.device!r}), "
+          f"([recognizer] device = {args.device!r}{cadence}), "
           f"D = {args.latency_ms} ms, {len(os.sched_getaffinity(0))} usable cores, audio "
           f"{min(len(a) for a, _ in audio) / RATE:.0f}-{max(len(a) for a, _ in audio) / RATE:.0f}"
           f" s a channel (dev and held-out clips), load average {load_start[0]:.2f} at the "
           f"start, {load_end[0]:.2f} at the end")
-    print(f"{'cpu_processes':>14} {'runs':>5} {'worst p95 s':>12} {'met':>6} {'misses':>7} "
+    head = "device/cpu_processes" if several else "cpu_processes"
+    print(f"{head:>21} {'runs':>5} {'worst p95 s':>12} {'met':>6} {'misses':>7} "
           f"{'fallbacks':>10} {'degraded':>9} {'updates/ch':>11} {'WER %':>6}")
     summary = {}
-    for processes in settings:
-        mine = [row for row in rows if row["processes"] == processes]
+    for label in labels:
+        mine = [row for row in rows if row["label"] == label]
         worst = [max(c["p95"] for c in row["channels"]) for row in mine]
         met = sum(w <= limit and not row["totals"]["deadline_misses"]
                   and not row["totals"]["fallbacks"] for w, row in zip(worst, mine, strict=True))
         chans = [c for row in mine for c in row["channels"]]
-        summary[processes] = max(worst)
-        print(f"{processes:>14} {len(mine):>5} {max(worst):>12.2f} {f'{met}/{len(mine)}':>6} "
+        summary[label] = max(worst)
+        print(f"{label:>21} {len(mine):>5} {max(worst):>12.2f} {f'{met}/{len(mine)}':>6} "
               f"{sum(r['totals']['deadline_misses'] for r in mine):>7} "
               f"{sum(r['totals']['fallbacks'] for r in mine):>10} "
               f"{sum(r['totals']['degraded_ticks'] for r in mine):>9} "
@@ -246,17 +275,30 @@ def run(args: argparse.Namespace) -> int:
               f"{100 * sum(c['wer'] for c in chans) / len(chans):>6.1f}")
     print(f"met: every channel's words shown within D + {SHOWN_SLACK_S} s = {limit:.1f} s at "
           f"p95, with 0 deadline misses and 0 fallbacks")
-    if len(settings) > 1:
-        base = settings[0]
-        print("worst channel's p95 against cpu_processes = " + base + ": " + ", ".join(
-            f"{s} {summary[s]:.2f} s ({summary[s] / summary[base]:.2f}x)" for s in settings[1:]))
+    if len(labels) > 1:
+        base = labels[0]
+        print(f"worst channel's p95 against {head} = {base}: " + ", ".join(
+            f"{s} {summary[s]:.2f} s ({summary[s] / summary[base]:.2f}x)" for s in labels[1:]))
+        # the captions themselves: each channel's committed words against the baseline's in
+        # the same round (word errors, the baseline's words the reference)
+        for label in labels[1:]:
+            diffs = []
+            for r in range(1, args.runs + 1):
+                (mine,) = [row for row in rows if row["label"] == label and row["run"] == r]
+                (theirs,) = [row for row in rows if row["label"] == base and row["run"] == r]
+                diffs += [word_errors(b["text"], c["text"]) for b, c in
+                          zip(theirs["channels"], mine["channels"], strict=True)]
+            print(f"captions of {label} against {base}: {sum(d == 0 for d in diffs)} of "
+                  f"{len(diffs)} channels word for word the same; words that differ per "
+                  f"channel: {', '.join(map(str, diffs))}")
     return 0
 
 
 def _print_row(row: dict[str, Any], args: argparse.Namespace) -> None:
     t = row["totals"]
     cpu = ", ".join(f"{name} {100 * share:.0f} %" for name, share in row["cpu"].items())
-    print(f"run {row['run']}, cpu_processes = {row['processes']} ({row['recognisers']} "
+    print(f"run {row['run']}, device = {row['device']}, cpu_processes = {row['processes']} "
+          f"({row['recognisers']} "
           f"recogniser processes): misses {t['deadline_misses']}, fallbacks {t['fallbacks']}, "
           f"degraded ticks {t['degraded_ticks']}, publish error p99 "
           f"{row['publish_p99_ms']:.3f} ms; CPU of a core while playing: {cpu}")
@@ -280,9 +322,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--latency-ms", type=int, default=2000, help="D")
     p.add_argument("--model", default="tiny.en", help="[recognizer] model")
     p.add_argument("--device", default="auto",
-                   help="[recognizer] device: auto (the daemon's default), cpu, cuda, cuda:N; on "
-                        "CUDA every channel is on the batched recogniser and --processes does "
-                        "not apply")
+                   help="[recognizer] device, or a comma list of them, each a setting (the "
+                        "first with the first --processes the baseline): auto (the daemon's "
+                        "default), cpu, cuda, cuda:N; on CUDA every channel is on the batched "
+                        "recogniser and --processes does not apply")
+    p.add_argument("--update-ms", type=int, default=None,
+                   help="one cadence on every device ([recognizer] min_update_ms and "
+                        "gpu_update_ms): the same updates on the CPU and on CUDA, so their "
+                        "captions compare word for word")
+    p.add_argument("--precision", default="auto", choices=("auto", "fp32"),
+                   help="[recognizer] precision on every device: auto (int8 on the CPU, fp16 on "
+                        "CUDA) or fp32 on both (captions apart from rounding)")
     p.add_argument("--keep", metavar="DIR",
                    help="write the audio, configurations, daemon logs and events logs here")
     p.set_defaults(func=run)
