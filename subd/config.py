@@ -105,7 +105,7 @@ class RecognizerConfig:
     encoder_pad_ms: int = field(default=2000, metadata=rng(0, 30_000))
     # ... rounded up to this bucket (few encoder shapes recur); and the committed audio the
     # window keeps before it moves on (the cut span's left context). Many channels on one GPU:
-    # 2000 and 3000 encode a third fewer frames (README, "A smaller cut window")
+    # 2000 and 3000 encode a third fewer frames (docs/MEASUREMENTS.md, "A smaller cut window")
     encoder_bucket_ms: int = field(default=4000, metadata=rng(20, 30_000))
     trim_after_ms: int = field(default=6000, metadata=rng(500, 20_000))
     # per update, the cut span above or Whisper's full 30 s input: "auto" (full while it

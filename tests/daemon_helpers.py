@@ -237,9 +237,9 @@ def assert_each_channel_reads_its_clip(clips, tmp_path) -> None:
     """Channel a, b, ... committed its own clip's words: nearer its own reference than any other
     clip's, and within 35 % WER of it. A clip streamed alone starts its stream, and Whisper
     reads a stream's first words from the 2-2.5 s that D = 2 s leaves: LibriVox 0920's "Had he
-    married a" reads "How do you marry the" until 3 s of audio are in (README, "Each clip its own
-    stream"), 6 of its 19 words, in some runs and not in others (3 failures in 6 runs of
-    0.25 on one machine, before and after 8370407)."""
+    married a" reads "How do you marry the" until 3 s of audio are in
+    (docs/MEASUREMENTS.md, "Each clip its own stream"), 6 of its 19 words, in some runs and not in
+    others (3 failures in 6 runs of 0.25 on one machine, before and after 8370407)."""
     from subd.scoring.wer import normalise, wer
 
     refs = [normalise(_reference(clip)) for clip in clips]

@@ -2,10 +2,10 @@
 
 On the H200 the daemon's live decodes on CUDA carried no commas at D = 2 s ("excuse me I will
 say nothing of my antecedents nor of"), where offline on the same GPU and every CPU path write
-them (README, "Live captions against the same engine offline"). Here one window of LibriSpeech
-speech, with the previous text as prompt and a forced prefix as the live policy sends them, on
-the full input and on the cut span, with CUDA graphs and without: the words, marks included,
-must be the single-stream engine's on the CPU (float32 both).
+them (docs/MEASUREMENTS.md, "Live captions against the same engine offline"). Here one window of
+LibriSpeech speech, with the previous text as prompt and a forced prefix as the live policy sends
+them, on the full input and on the cut span, with CUDA graphs and without: the words, marks
+included, must be the single-stream engine's on the CPU (float32 both).
 """
 
 from __future__ import annotations

@@ -312,7 +312,8 @@ BASE_UPDATE_MS = {True: 1350, False: 400}  # full input, cut span
 TAG_PASS_MS = 5
 T0_NS = 10**12
 
-# Not met on this machine (see the README, Languages). Traced decision by decision on AISHELL:
+# Not met on this machine (see docs/MEASUREMENTS.md, Languages). Traced decision by decision on
+# AISHELL:
 # * the planner kept its horizons per kind of update (db57349): characters get ~1 s of right
 #   context, and AISHELL went from 0.132-0.211 to 0.079 in all six runs (3 update-cost models x
 #   0 or 0.3 s of silence first);

@@ -17,8 +17,8 @@ channel's first caption and its recovery after silence by as much, for a GPU tha
 idle most of the time at such D.
 
 Measured (subd bench quality --pace cpu --update-ms 60,30, a GPU's cost modelled, and subd
-bench gpu on an H200): see the README, "Serving many channels from one GPU". The cadence is
-chosen when a channel starts; a live change of D keeps it until the daemon restarts.
+bench gpu on an H200): see docs/MEASUREMENTS.md, "Serving many channels from one GPU". The
+cadence is chosen when a channel starts; a live change of D keeps it until the daemon restarts.
 """
 
 from __future__ import annotations

@@ -38,11 +38,11 @@ stream's first update on the cut span: its cost unmeasured, the planner takes th
 character's deadline. espeak-ng on the daemon's path (D = 2 s): CER 0.680 -> 0.640, characters
 late 7 -> 5 ("在这中对摩的山木中" was decided 0.2 s after its end); AISHELL 0.079 in all six runs
 either way, held-out espeak-ng 0.614 either way (late 13 -> 9), and at D = 1 s with updates of
-0.3 / 0.15 s AISHELL is unchanged, late characters too (README, Languages). The rest is set
-by how much right context the planner leaves a character, not by this policy
-(tests/test_mandarin.py, test_daemon_path_*): moving the window to the start of the utterance
-and leaving out early commits by agreement were measured and made it worse. English and other
-languages keep the configured policy.
+0.3 / 0.15 s AISHELL is unchanged, late characters too (docs/MEASUREMENTS.md, Languages). The rest
+is set by how much right context the planner leaves a character, not by this policy
+(tests/test_mandarin.py, test_daemon_path_*): moving the window to the start of the utterance and
+leaving out early commits by agreement were measured and made it worse. English and other languages
+keep the configured policy.
 """
 
 from __future__ import annotations
