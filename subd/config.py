@@ -100,6 +100,8 @@ class RecognizerConfig:
     # the cadence on a GPU (the batched recogniser on CUDA): "auto" = derived from D
     # (subd.pipeline.cadence: 520 ms at D = 2 s, 200 at 1 s, 1000 from 3 s) or N ms (0..10000)
     gpu_update_ms: str | int = "auto"
+    # "measured" or N ms: updates planned as lasting N, on the audio's clock (config.toml)
+    update_cost_ms: str | int = "measured"
     # encoder input: the window's audio + this padding (0: Whisper's full 30 s; see
     # subd.recognise.streaming.StreamingConfig.encoder_pad_ms)
     encoder_pad_ms: int = field(default=2000, metadata=rng(0, 30_000))
@@ -143,6 +145,9 @@ class RecognizerConfig:
         return {"encoder_pad_ms": self.encoder_pad_ms, "encoder_bucket_ms": self.encoder_bucket_ms,
                 "trim_after_ms": self.trim_after_ms}
 
+    def planned_cost_ms(self) -> int:  # update_cost_ms for the tick pipeline: 0 = measured
+        return 0 if self.update_cost_ms == "measured" else int(self.update_cost_ms)
+
     def on_gpu(self) -> bool:
         """The daemon's recogniser is the batched one on CUDA (as subd.service.daemon decides:
         a device other than the CPU where an NVIDIA driver is, not batched = "off", no custom
@@ -166,23 +171,23 @@ class RecognizerConfig:
         if self.batched == "off" and self.device.startswith("cuda"):
             raise ConfigError("[recognizer] batched = \"off\": the serial recogniser runs on "
                               "the CPU; device cuda needs batched = \"auto\" or \"on\"")
-        for key in ("gpu_processes", "cpu_processes"):
+        for key, word, lo, hi, unit in (
+                ("gpu_processes", "auto", 1, 64, "number of processes"),
+                ("cpu_processes", "auto", 1, 64, "number of processes"),
+                ("gpu_update_ms", "auto", 0, 10_000, "number of milliseconds"),
+                ("update_cost_ms", "measured", 20, 10_000, "number of milliseconds")):
             value = getattr(self, key)
-            if value != "auto" and (isinstance(value, bool) or not isinstance(value, int)
-                                    or not 1 <= value <= 64):
-                raise ConfigError(f"[recognizer] {key} = {value!r}: \"auto\" or a whole "
-                                  "number of processes, 1..64")
-        if self.gpu_update_ms != "auto" and (isinstance(self.gpu_update_ms, bool) or not
-                                             isinstance(self.gpu_update_ms, int) or
-                                             not 0 <= self.gpu_update_ms <= 10_000):
-            raise ConfigError(f"[recognizer] gpu_update_ms = {self.gpu_update_ms!r}: \"auto\" "
-                              "or a whole number of milliseconds, 0..10000")
+            if value != word and (isinstance(value, bool) or not isinstance(value, int)
+                                  or not lo <= value <= hi):
+                raise ConfigError(f"[recognizer] {key} = {value!r}: \"{word}\" or a whole "
+                                  f"{unit}, {lo}..{hi}")
         if self.precision == "int8" and self.device.startswith("cuda"):
             raise ConfigError("[recognizer] precision: int8 runs on the CPU only "
                               "(use fp16 or bf16 on CUDA)")
-        if self.precision in ("fp16", "bf16") and self.device == "cpu":
-            raise ConfigError(f"[recognizer] precision: {self.precision} needs CUDA "
-                              "(use int8 or fp32 on the CPU)")
+        if self.precision in ("fp16", "bf16") and (self.device == "cpu" or self.batched == "off"
+                                                   or not nvidia_present()):
+            raise ConfigError(f"[recognizer] precision: {self.precision} needs CUDA, and the "
+                              "recogniser runs on the CPU here (use int8 or fp32)")
 
 
 @register_section("pipeline")

@@ -112,12 +112,12 @@ def test_daemon_settings_pair_each_device_with_the_processes_that_apply_there():
 
     def args(**kw):
         base = dict(channels=4, runs=1, seconds=10.0, processes="1,auto", device="cpu,cuda",
-                    update_ms=None, precision="auto")
+                    update_ms=None, precision="auto", update_cost_ms=None)
         return Namespace(**{**base, **kw})
 
     assert _settings(args()) == [("cpu", "1"), ("cpu", "auto"), ("cuda", "1")]
     assert _settings(args(device="cuda:1", processes="2")) == [("cuda:1", "2")]
     for bad in (dict(device="gpu"), dict(device="cpu,cpu"), dict(processes="0"),
-                dict(update_ms=5)):
+                dict(update_ms=5), dict(update_cost_ms=10)):
         with pytest.raises(UserError, match="--device a comma list"):
             _settings(args(**bad))

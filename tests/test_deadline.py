@@ -19,7 +19,7 @@ from subd.recognise.streaming import StreamingRecognizer
 from subd.sources.decode import load_audio
 from subd.sources.live import FileSource
 from subd.types import SAMPLE_RATE_HZ, AudioChunk, Hypothesis, Word
-from subd.workers.hosts import FactorySpec, RecogniserHost, TagHost
+from subd.workers.hosts import FactorySpec, RecogniserHost, TagHost, UpdateRequest
 from subd.workers.process import InlineWorker
 from tests.test_scheduler import ListSink
 from tests.test_streaming import _ScriptedEngine as _Scripts
@@ -230,12 +230,14 @@ class DeadlineRecognizer:
         self.n = 0
         self.context_ns: list[int] = []
         self.spans: list[bool] = []  # per update: on Whisper's full input
+        self.plans: list[tuple] = []  # per update: (audio heard, commit until, full input)
 
     def accept(self, chunk: AudioChunk) -> None:
         self.audio_end_ns = (chunk.start_sample + chunk.n_samples) * 1_000_000_000 // 16000
 
     def update(self, commit_until_ns: int | None = None, full_span: bool = False) -> Hypothesis:
         self.spans.append(full_span)
+        self.plans.append((self.audio_end_ns, commit_until_ns, full_span))
         heard = [w for w in self.words[self.n:] if w.end_ns <= self.audio_end_ns]
         due = [w for w in heard if commit_until_ns is not None and w.end_ns <= commit_until_ns]
         self.n += len(due)
@@ -248,9 +250,12 @@ class DeadlineRecognizer:
         return Hypothesis(rest, (), self.audio_end_ns)
 
 
-def _run_pipeline(latency_ms: int, seconds: float, n_words: int, rec_cost, tag_ms: int = 5):
+def _run_pipeline(latency_ms: int, seconds: float, n_words: int, rec_cost, tag_ms: int = 5,
+                  tagger=None, **settings):
     """DeadlineRecognizer's script through the pipeline on a fake clock where an update lasts
-    ``rec_cost(request)`` and a tag pass ``tag_ms``: (sink, recogniser, counters)."""
+    ``rec_cost(request)`` and a tag pass ``tag_ms``: (sink, recogniser, counters).
+    ``tagger``: the tag stage's host (a pass-through by default); ``settings``: more
+    TickSettings."""
 
     async def main():
         clock = FakeClock(start_ns=T0_NS)
@@ -258,10 +263,11 @@ def _run_pipeline(latency_ms: int, seconds: float, n_words: int, rec_cost, tag_m
         spec = FactorySpec("tests.test_deadline:DeadlineRecognizer", {"n_words": n_words})
         host = RecogniserHost(spec, history.capacity, history=history)
         rec = InlineWorker("recognise", host, clock, rec_cost)
-        tag = InlineWorker("tag", TagHost(None), clock, lambda r: tag_ms * MS)
+        tag = InlineWorker("tag", tagger or TagHost(None), clock, lambda r: tag_ms * MS)
         sink = ListSink()
         pipeline = Pipeline(
-            clock=clock, settings=TickSettings(latency_ms=latency_ms, drain_timeout_s=60),
+            clock=clock, settings=TickSettings(latency_ms=latency_ms, drain_timeout_s=60,
+                                               **settings),
             source=FileSource(np.zeros(int(seconds * SAMPLE_RATE_HZ), np.float32)),
             recogniser=rec, tagger=tag, history=history, sinks=[sink])
         task = asyncio.ensure_future(pipeline.run())
@@ -269,6 +275,20 @@ def _run_pipeline(latency_ms: int, seconds: float, n_words: int, rec_cost, tag_m
         return sink, host.recognizer, pipeline.counters
 
     return asyncio.run(main())
+
+
+class SeenByTagger(TagHost):
+    """The pass-through tagger, noting what each tag pass was given: the tick, the audio the
+    recogniser had heard and the tentative words after the committed ones (right context)."""
+
+    def __init__(self) -> None:
+        super().__init__(None)
+        self.seen: list[tuple] = []
+
+    def handle(self, request):
+        self.seen.append((request.k, request.audio_end_ns,
+                          tuple(w.text for w in request.tentative)))
+        return super().handle(request)
 
 
 def _tick_of(grid: TickGrid, end_ns: int) -> int:
@@ -298,6 +318,74 @@ def test_the_pipeline_decides_each_word_at_its_deadline(latency_ms, tag_ms):
     allowed_ms = latency_ms - 150 - max(2 * rec_cost_ms, 200 + rec_cost_ms) - 30 - 34
     assert len(recognizer.context_ns) >= 5  # decided by updates, not at the end of the stream
     assert min(recognizer.context_ns) >= allowed_ms * MS
+
+
+def test_a_planned_update_cost_makes_the_captions_depend_on_the_audio_alone():
+    """[recognizer] update_cost_ms = N: updates go out on the audio's own clock (one per
+    cadence), are planned as lasting N ms, and their results are shown no sooner than planned.
+    A fast device (60 ms an update) and a slow one that still keeps up (380 ms, every fourth
+    update 490 ms, against N = 500 and a 520 ms cadence) decide every word from the same update,
+    with the same audio heard and the same span, give the tagger the same right context and
+    publish the same state at every tick: committed words, tentative tail, cues. Planned on
+    measured costs (the default), the fast device spends its speed on right context, and the
+    plans differ."""
+    calls = iter(range(10**6))
+    costs = {"fast": lambda r: 60 * MS,
+             "slow": lambda r: (490 if isinstance(r, UpdateRequest) and next(calls) % 4 == 3
+                                else 380) * MS}
+    grid = TickGrid.create("30", T0_NS, 2000, 150)
+    planned, states, tagged = {}, {}, {}
+    for name, cost in costs.items():
+        tagger = SeenByTagger()
+        sink, recognizer, counters = _run_pipeline(2000, 9.0, 20, cost, tagger=tagger,
+                                                   min_update_ms=520, update_cost_ms=500)
+        tagged[name] = tagger.seen
+        shown = [(tw.word, s.k) for s in sink.states for tw in s.committed]
+        assert [w.text for w, _ in shown] == [w.text for w in recognizer.words]
+        assert [k for _, k in shown] == [_tick_of(grid, w.end_ns) for w, _ in shown]
+        assert counters.updates_skipped == 0
+        planned[name] = recognizer.plans
+        states[name] = [(s.k, [tw.text for tw in s.committed], s.tentative, s.cues)
+                        for s in sink.states]
+    assert len(planned["fast"]) >= 15 and planned["fast"] == planned["slow"]
+    assert sum(bool(tentative) for _, _, tentative, _ in states["fast"]) > 100
+    assert states["fast"] == states["slow"]
+    # the tagger is given the same right context at every pass
+    assert len(tagged["fast"]) >= 10 and tagged["fast"] == tagged["slow"]
+    # every update's audio ends on the cadence: 520 ms, 1040 ms, ...
+    assert [end for end, _, _ in planned["fast"]] == [
+        (i + 1) * 520 * MS for i in range(len(planned["fast"]))]
+    assert all(full for _, _, full in planned["fast"])  # "auto": the full input
+    measured = [_run_pipeline(2000, 9.0, 20, cost, min_update_ms=520)[1].plans
+                for cost in costs.values()]
+    assert measured[0] != measured[1]
+
+
+def test_a_recogniser_behind_its_planned_schedule_skips_ahead_and_counts_it():
+    """Updates that take far longer than planned (1.5 s against a 520 ms cadence) do not queue
+    without end: the schedule skips to the audio heard, the skip is counted, and every word
+    is still committed."""
+    sink, recognizer, counters = _run_pipeline(2000, 9.0, 20, lambda r: 1500 * MS,
+                                               min_update_ms=520, update_cost_ms=500)
+    assert counters.updates_skipped > 0
+    assert [tw.word.text for s in sink.states for tw in s.committed] == \
+        [w.text for w in recognizer.words]
+    ends = [end for end, _, _ in recognizer.plans]
+    assert all(end % (520 * MS) == 0 for end in ends) and len(ends) < 9000 // 520
+
+
+def test_a_planned_cost_longer_than_the_cadence_is_the_cadence():
+    """An update planned to last 1.2 s cannot run every 520 ms: the updates go out every 1.2 s
+    of audio, none is skipped, and at D = 4 s (room for a cadence and a cost after a word)
+    every word is shown at its tick."""
+    sink, recognizer, counters = _run_pipeline(4000, 9.0, 20, lambda r: 60 * MS,
+                                               min_update_ms=520, update_cost_ms=1200)
+    assert counters.updates_skipped == 0
+    assert [end for end, _, _ in recognizer.plans] == [(i + 1) * 1200 * MS for i in range(7)]
+    grid = TickGrid.create("30", T0_NS, 4000, 150)
+    shown = [(tw.word, s.k) for s in sink.states for tw in s.committed]
+    assert [w.text for w, _ in shown] == [w.text for w in recognizer.words]
+    assert [k for _, k in shown] == [_tick_of(grid, w.end_ns) for w, _ in shown]
 
 
 @pytest.mark.parametrize("latency_ms,full_ms,want_full", [

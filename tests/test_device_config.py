@@ -38,6 +38,11 @@ def test_precision_must_fit_the_device():
             resolve_precision("int8", "cuda:0")
     with pytest.raises(ConfigError, match="fp16 needs CUDA"):
         _rec(device="cpu", precision="fp16")
+    with pytest.raises(ConfigError, match="bf16 needs CUDA"):
+        _rec(batched="off", precision="bf16")  # the serial recogniser: the CPU
+    if not nvidia_present():  # device "auto" is the CPU here
+        with pytest.raises(ConfigError, match="fp16 needs CUDA"):
+            _rec(precision="fp16")
     assert resolve_precision("auto", "cpu") == "int8"
     assert resolve_precision("auto", "cuda:0") == "fp16"
 

@@ -87,9 +87,25 @@ def test_gpu_update_ms_is_validated_at_load(tmp_path):
     assert "gpu_update_ms" in out.stderr and len(out.stderr.strip().splitlines()) == 1
 
 
+def test_update_cost_ms_is_measured_or_a_planned_cost(tmp_path):
+    assert RecognizerConfig().planned_cost_ms() == 0
+    rec = config_from_dict({"recognizer": {"update_cost_ms": 500}}).recognizer
+    assert rec.planned_cost_ms() == 500
+    for bad in ("fixed", 0, 19, 10_001, True, 2.5):
+        with pytest.raises(ConfigError, match="update_cost_ms"):
+            config_from_dict({"recognizer": {"update_cost_ms": bad}})
+    path = tmp_path / "c.toml"
+    path.write_text('[recognizer]\nupdate_cost_ms = "fast"\n')
+    out = subprocess.run([sys.executable, "-m", "subd.cli", "run", "--config", str(path)],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2
+    assert "update_cost_ms" in out.stderr and len(out.stderr.strip().splitlines()) == 1
+
+
 def test_the_shipped_config_documents_and_sets_auto():
     cfg = load_config("config.toml")
     assert cfg.recognizer.gpu_update_ms == "auto" and cfg.recognizer.min_update_ms == 200
+    assert cfg.recognizer.update_cost_ms == "measured"
 
 
 def test_only_the_batched_recogniser_on_a_gpu_takes_the_gpu_cadence(monkeypatch):

@@ -68,10 +68,12 @@ def channel_audio(n_channels: int, seconds: float) -> list[tuple[Any, list[str]]
 
 def _config(port: int, latency_ms: int, processes: str, wavs: list[Path], logs: list[Path],
             model: str, device: str = "auto", update_ms: int | None = None,
-            precision: str = "auto") -> str:
+            precision: str = "auto", update_cost_ms: int | None = None) -> str:
     value = f'"{processes}"' if processes == "auto" else processes
     cadence = ("" if update_ms is None else
                f"min_update_ms = {update_ms}\ngpu_update_ms = {update_ms}\n")
+    if update_cost_ms is not None:
+        cadence += f"update_cost_ms = {update_cost_ms}\n"
     channels = "".join(f"""
 [channels.c{i}.source]
 kind = "file"
@@ -129,7 +131,7 @@ def _run_once(tmp: Path, args: argparse.Namespace, device: str, processes: str,
     port = free_port()
     config = tmp / f"{tag}.toml"
     config.write_text(_config(port, args.latency_ms, processes, wavs, logs, args.model,
-                              device, args.update_ms, args.precision))
+                              device, args.update_ms, args.precision, args.update_cost_ms))
     log = tmp / f"{tag}.log"
     with open(log, "wb") as out:
         proc = subprocess.Popen([sys.executable, "-m", "subd.cli", "run", "--config",
@@ -210,10 +212,12 @@ def _settings(args: argparse.Namespace) -> list[tuple[str, str]]:
             or not devices or len(set(devices)) < len(devices) \
             or any(s != "auto" and not (s.isdigit() and 1 <= int(s) <= 64) for s in procs) \
             or any(not re.fullmatch(r"auto|cpu|cuda(:\d{1,2})?", d) for d in devices) \
-            or args.update_ms is not None and not 20 <= args.update_ms <= 10_000:
+            or any(v is not None and not 20 <= v <= 10_000
+                   for v in (args.update_ms, args.update_cost_ms)):
         raise UserError("daemon: need --channels in 1..16, --runs >= 1, --seconds > 0, "
                         "--processes a comma list of 'auto' and counts 1..64, --device a comma "
-                        "list of auto, cpu, cuda, cuda:N and --update-ms in 20..10000")
+                        "list of auto, cpu, cuda, cuda:N, --update-ms and --update-cost-ms in "
+                        "20..10000")
     return [(d, p) for d in devices for p in (procs[:1] if d.startswith("cuda") else procs)]
 
 
@@ -248,6 +252,8 @@ def run(args: argparse.Namespace) -> int:
     load_end = os.getloadavg()
     limit = args.latency_ms / 1000 + SHOWN_SLACK_S
     cadence = "" if args.update_ms is None else f", an update every {args.update_ms} ms of audio"
+    if args.update_cost_ms is not None:
+        cadence += f", every update planned as {args.update_cost_ms} ms"
     if args.precision != "auto":
         cadence += f", precision {args.precision}"
     print(f"\nsubd bench daemon: {args.channels} channels of {args.model} in one subd run "
@@ -328,8 +334,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         "recogniser and --processes does not apply")
     p.add_argument("--update-ms", type=int, default=None,
                    help="one cadence on every device ([recognizer] min_update_ms and "
-                        "gpu_update_ms): the same updates on the CPU and on CUDA, so their "
-                        "captions compare word for word")
+                        "gpu_update_ms)")
+    p.add_argument("--update-cost-ms", type=int, default=None,
+                   help="[recognizer] update_cost_ms on every device: updates sent on the "
+                        "audio's clock and planned as lasting this long, so the devices decide "
+                        "every word from the same update (with --update-ms)")
     p.add_argument("--precision", default="auto", choices=("auto", "fp32"),
                    help="[recognizer] precision on every device: auto (int8 on the CPU, fp16 on "
                         "CUDA) or fp32 on both (captions apart from rounding)")

@@ -162,10 +162,10 @@ async def _stream_cpu(sset: SpeechSet, latency_ms: int, args, seen=None) -> tupl
     tag = CpuTimed(TagHost(tagger), fixed_ns=TAG_MODEL_NS if rec.update_ns else None)
     seen = Published() if seen is None else seen
     seen.recogniser = rec  # subd.bench.quality_zh reads the kind of each update
-    settings = TickSettings(fps=cfg.tick.fps, latency_ms=latency_ms,
-                            lookahead_ms=cfg.tick.lookahead_ms,
-                            min_update_ms=cfg.recognizer.min_update_ms, drain_timeout_s=60,
-                            encoder_span=cfg.recognizer.encoder_span)
+    r, tick = cfg.recognizer, cfg.tick
+    settings = TickSettings(tick.fps, latency_ms, tick.lookahead_ms, min_update_ms=r.min_update_ms,
+                            drain_timeout_s=60, encoder_span=r.encoder_span,
+                            update_cost_ms=r.planned_cost_ms())
     pipeline = Pipeline(
         clock=clock, settings=settings, source=FileSource(sset.audio, name=sset.name),
         recogniser=InlineWorker("recognise", rec, clock, lambda r: rec.last_ns),

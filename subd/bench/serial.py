@@ -198,7 +198,8 @@ async def simulate(n: int, library: np.ndarray, args, cfg, files: list | None = 
         settings = TickSettings(fps=cfg.tick.fps, latency_ms=cfg.tick.latency_ms,
                                 lookahead_ms=cfg.tick.lookahead_ms,
                                 min_update_ms=rec_cfg.min_update_ms, drain_timeout_s=60,
-                                encoder_span=rec_cfg.encoder_span)
+                                encoder_span=rec_cfg.encoder_span,
+                                update_cost_ms=rec_cfg.planned_cost_ms())
         p = Pipeline(clock=clock, settings=settings, source=FileSource(audio, name=f"c{i}"),
                      recogniser=ch, tagger=tag, history=history, observer=seen)
         ch.pipeline = seen.pipeline = p

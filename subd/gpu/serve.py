@@ -71,8 +71,10 @@ def load_weights(model: str) -> Any:
     return load(model)
 
 
-def batched_streaming_recognizer(model: str = "tiny.en", **opts: Any) -> Any:
-    """A channel's streaming recogniser (its own state) over this process's batched engine."""
+def batched_streaming_recognizer(model: str = "tiny.en", precision: str = "auto",
+                                 **opts: Any) -> Any:
+    """A channel's streaming recogniser (its own state) over this process's batched engine
+    (``precision``: the engine's, set when it was loaded)."""
     from subd.recognise.streaming import StreamingRecognizer
 
     if _ENGINE is None:

@@ -49,6 +49,8 @@ class TickSettings:
     rate: Fraction = Fraction(1)  # audio seconds per wall second (file --speed)
     min_update_ms: int = 200
     encoder_span: str = "auto"  # [recognizer] encoder_span (subd.pipeline.deadline)
+    # [recognizer] update_cost_ms: 0 = measured; N: planned as N ms, sent on the audio's clock
+    update_cost_ms: int = 0
     miss_tolerance_ms: float = 0.0  # 0: half a tick period
     drain_timeout_s: float = 30.0
     max_latency_ms: int = 0  # the slot ring is sized for this D (reloads up to it); 0: latency

@@ -44,6 +44,12 @@ kinds (a probe of the full input is not the horizon of the cut updates after it)
 nearly all deferred words whose next result came 0.3-1 s after the estimate; on a fake clock
 with round trips of 300 or 900 ms, tests/test_batched_deadline.py: 6-18 of 70 words late, p95
 shown 2.29-2.69 s at D = 2 s, and 1-4 with the horizon, p95 2.00-2.09 s).
+
+A planned cost (``[recognizer] update_cost_ms = N``): every update is planned as lasting N ms
+(both spans; ``"auto"`` is then the full input) from when it is planned to be sent, not from
+when it was sent, and updates go out on the audio's own clock (subd.pipeline.schedule). Which
+update decides each word then depends on the audio alone: a GPU and a CPU that both keep up
+give the same captions for the same audio, and a late result only shows its words late.
 """
 
 from __future__ import annotations
@@ -95,10 +101,12 @@ class UpdatePlan:
 
 class UpdatePlanner:
     def __init__(self, span: str = "auto", min_update_ms: int = 200,
-                 shared: bool | Callable[[], bool] = False) -> None:
+                 shared: bool | Callable[[], bool] = False, planned_cost_ms: int = 0) -> None:
         if span not in SPANS:
             raise ValueError(f"encoder span {span!r}: one of {', '.join(SPANS)}")
         self.span = span
+        # 0: costs as measured; N: every update planned as lasting N ms (module docstring)
+        self.planned_cost_ns = planned_cost_ms * NS_PER_MS
         # the recogniser serves other channels too (see _probe_due): asked at each probe
         self.shared: Callable[[], bool] = shared if callable(shared) else (lambda: shared)
         self.min_update_ms = min_update_ms
@@ -120,6 +128,8 @@ class UpdatePlanner:
         self._waits: collections.deque = collections.deque(maxlen=UPDATE_COSTS_KEPT)
 
     def cost_ns(self, full: bool) -> int:
+        if self.planned_cost_ns:
+            return self.planned_cost_ns
         if not self._costs[full]:
             # never measured: no cheaper than the other kind was (a loaded machine or a
             # batched recogniser makes both dearer than an idle core's first guess)
@@ -144,6 +154,8 @@ class UpdatePlanner:
     def horizon_ns(self, kinds: tuple[bool, bool] | None = None) -> int:
         """How long after an update is sent the next result is in, as measured (0: not yet):
         for an update of kind ``kinds[0]`` followed by one of ``kinds[1]``, or any."""
+        if self.planned_cost_ns:
+            return 0  # planned, not measured
         if kinds is None:
             return max((max(h) for h in self._horizons.values() if h), default=0)
         return max(self._horizons[kinds], default=0)
@@ -180,7 +192,7 @@ class UpdatePlanner:
 
     def _next_kind(self, full: bool, grid: TickGrid, gap_ns: int) -> bool:
         """The kind the next update will be, as things stand: a probe due then, else this."""
-        if self.span != "auto":
+        if self.span != "auto" or self.planned_cost_ns:
             return full
         probe = self._probe_due(self._n_plans + 1, grid, gap_ns, full)
         return full if probe is None else probe
@@ -225,8 +237,9 @@ class UpdatePlanner:
         return full_ctx >= need or full_ctx >= context(False) - FULL_SPAN_SLACK_NS
 
     def _choose_full(self, grid: TickGrid, gap_ns: int) -> bool:
-        if self.span != "auto":
-            return self.span == "full"
+        if self.span != "auto" or self.planned_cost_ns:
+            # a planned cost is the same for both kinds: the full input leaves as much context
+            return self.span != "cut"
         probe = self._probe_due(self._n_plans, grid, gap_ns)
         if probe is not None:
             return probe

@@ -37,6 +37,7 @@ from subd.pipeline.gcpace import PACER
 from subd.pipeline.ingest import Ingest
 from subd.pipeline.publish import TickPublisher
 from subd.pipeline.ring import DEGRADED, READY, SlotFlag, SlotRing, n_slots_for
+from subd.pipeline.schedule import AudioSchedule
 from subd.pipeline.ticks import NS_PER_MS, TickGrid, fps_text
 from subd.pipeline.tickstats import Counters
 from subd.pipeline.wordstream import WordStream
@@ -98,9 +99,10 @@ class Pipeline(TickPublisher):
         # subd.service.stages.ChannelWorker) has ``shared``: planned as shared while others are
         # attached to it (a channel alone is planned as `subd bench quality` measures it)
         stage = getattr(recogniser, "shared", None)
-        self.planner = UpdatePlanner(
-            settings.encoder_span, settings.min_update_ms,
-            shared=(lambda: stage.n_channels() > 1) if stage is not None else False)
+        self.planner = UpdatePlanner(  # a planned cost is also the shortest cadence
+            settings.encoder_span, max(settings.min_update_ms, settings.update_cost_ms),
+            shared=(lambda: stage.n_channels() > 1) if stage is not None else False,
+            planned_cost_ms=settings.update_cost_ms)
         self._prev: CaptionState | None = None
         self.last_published_k = -1
 
@@ -223,16 +225,34 @@ class Pipeline(TickPublisher):
     # ---- recognise --------------------------------------------------------------------------
 
     async def _recognise_loop(self) -> None:
-        min_new = self.settings.min_update_ms * 16
+        step = max(self.settings.min_update_ms * 16, 1)
+        # [recognizer] update_cost_ms: updates on the audio's own clock (subd.pipeline.schedule)
+        planned = None if not self.settings.update_cost_ms else AudioSchedule(
+            step, self.settings.update_cost_ms * NS_PER_MS, float(self.grid.rate))
+        step = step if planned is None else planned.step
+        release = None if planned is None else start_task(
+            planned.release(self.clock, self._integrate), "pipeline:release")
+        try:
+            await self._recognise(step, planned, release)
+        finally:
+            if release is not None:
+                release.cancel()
+
+    async def _recognise(self, step: int, planned: AudioSchedule | None, release: Any) -> None:
         sent = 0
         while True:
-            while not self._source_done and self.ingest.ingested - sent < max(min_new, 1):
+            while not self._source_done and self.ingest.ingested - sent < step:
                 self._audio_event.clear()
                 await self._audio_event.wait()
-            final = self._source_done
             end = self.ingest.ingested
-            sent_ns = self.clock.now_ns()
-            plan = None if final else self.planner.plan(self.grid, sent_ns)
+            sent_ns = planned_ns = self.clock.now_ns()
+            final = self._source_done
+            if planned is not None:  # the end of the stream too, as if planned
+                skipped = planned.skipped
+                end, final, planned_ns = planned.next(sent, end, self._live_ns)
+                if planned.skipped > skipped:
+                    self._skipped()
+            plan = None if final else self.planner.plan(self.grid, planned_ns)
             request = FinishRequest(end) if plan is None else UpdateRequest(
                 end, plan.commit_until_ns, full_span=plan.full_span)
             result = await self.recogniser.call(request, sent_ns)
@@ -241,12 +261,29 @@ class Pipeline(TickPublisher):
                 # behind other channels sharing the worker)
                 self.planner.record(plan, self.clock.now_ns() - sent_ns, result.duration_ns)
             sent = end
-            self._integrate(result)
+            if planned is not None:  # shown no sooner than planned
+                planned.hold(planned_ns + planned.cost_ns, result, final)
+                if final:
+                    await release
+                    return
+                continue
+            self._integrate(result, final)
             if final:
-                self._rec_finished = True
                 return
 
-    def _integrate(self, result: RecogniseResult) -> None:
+    def _skipped(self) -> None:
+        self.counters.updates_skipped += 1
+        if self.counters.updates_skipped == 1:
+            log.warning("the recogniser is behind its planned update schedule: updates "
+                        "skipped (raise [recognizer] update_cost_ms or the cadence)")
+
+    def _live_ns(self, sample: int) -> int:
+        """When audio up to ``sample`` was live: the end of the tick that holds its last
+        sample, on the tick grid (the same for every device, however late it is sent)."""
+        k = self.grid.tick_of_sample(max(sample - 1, 0))
+        return self._due(k) - self.grid.latency_ns
+
+    def _integrate(self, result: RecogniseResult, final: bool = False) -> None:
         hyp = result.hypothesis
         self.words.add_hypothesis(hyp)
         self._rec_audio_end_ns = max(self._rec_audio_end_ns, hyp.audio_end_ns)
@@ -259,6 +296,7 @@ class Pipeline(TickPublisher):
                         result.lost_samples)
         if self.observer is not None:
             self.observer.on_hypothesis(result, self.clock.now_ns())
+        self._rec_finished |= final
 
     # ---- fetch + tag ------------------------------------------------------------------------
 

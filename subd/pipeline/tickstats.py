@@ -58,6 +58,7 @@ class Counters:
     superseded_requests: int = 0  # tag requests replaced by a newer tick before they ran
     sink_errors: int = 0
     lost_samples: int = 0  # live audio overwritten before the recogniser read it
+    updates_skipped: int = 0  # planned updates left out: the recogniser fell behind them
     stage: dict[str, Durations] = field(default_factory=lambda: {s: Durations() for s in STAGES})
     publish_error: Durations = field(default_factory=Durations)  # sent − due
 

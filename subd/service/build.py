@@ -175,14 +175,19 @@ class GuardedSource:
         return source
 
 
-def serial_host_spec(model: str | None, share: int = 1) -> FactorySpec:
+def serial_host_spec(model: str | None, share: int = 1, precision: str = "auto") -> FactorySpec:
     """The serial recogniser process's host: channels attach their recognisers to it, over
     ``model``'s engine loaded first (None: nothing preloaded, a custom recogniser decodes on
-    its own); ``share``: one of that many such processes (subd.service.sharding)."""
+    its own) in ``[recognizer] precision`` on the CPU (fp16 and bf16 are a one-line error);
+    ``share``: one of that many such processes (subd.service.sharding)."""
+    from subd.gpu.device import resolve_precision
+
+    resolve_precision(precision, "cpu")  # the serial recogniser runs on the CPU
     preload = None
     if model is not None:
         recognizer_spec(model)  # a clear error if the recogniser is not installed
-        preload = FactorySpec("subd.service.supervisor:shared_engine", {"model": model})
+        preload = FactorySpec("subd.service.supervisor:shared_engine",
+                              {"model": model, "precision": precision})
     return FactorySpec("subd.service.supervisor:MultiplexHost", {"preload": preload,
                                                                  "share": share})
 

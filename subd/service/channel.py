@@ -209,6 +209,7 @@ class DaemonChannel(ChannelReload):
                                                 tick.lookahead_ms, d.recogniser_spec is None
                                                 and cfg.recognizer.on_gpu()),
                 encoder_span=cfg.recognizer.encoder_span,
+                update_cost_ms=cfg.recognizer.planned_cost_ms(),
                 miss_tolerance_ms=tick.miss_tolerance_ms,
                 drain_timeout_s=cfg.pipeline.drain_timeout_s,
                 max_latency_ms=tick.max_latency_ms,
@@ -241,6 +242,9 @@ class DaemonChannel(ChannelReload):
         log.info("channel %s: published %d ticks: %d deadline misses, %d fallbacks, "
                  "%d stale slots, %d degraded", self.name, c.ticks, c.deadline_misses,
                  c.fallbacks, c.stale_slots, c.degraded_ticks)
+        if c.updates_skipped:
+            log.warning("channel %s: %d planned recogniser updates skipped: the recogniser "
+                        "was behind [recognizer] update_cost_ms", self.name, c.updates_skipped)
 
     def _audio_to_mono_ns(self, audio_ns: int) -> int:
         grid = self.pipeline.grid

@@ -40,7 +40,8 @@ class ChannelContext:
         cfg = self.config.recognizer
         spec = self.recogniser_spec or recognizer_spec(cfg.model, cfg.factory,
                                                        **cfg.window_options(),
-                                                       language=cfg.language)
+                                                       language=cfg.language,
+                                                       precision=cfg.precision)
         where = {"history_name": history.shm_name} if cfg.process else {"history": history}
         return FactorySpec("subd.workers.hosts:RecogniserHost",
                            {"recognizer": spec, "history_capacity": history.capacity, **where})

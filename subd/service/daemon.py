@@ -128,7 +128,7 @@ class Daemon:
                 return ProcessWorker("recognise", host)
             return InlineWorker("recognise", host.build(), self.clock)
         host = serial_host_spec(cfg.model if self.recognizer is None and not cfg.factory
-                                else None)
+                                else None, precision=cfg.precision)
         if cfg.process:
             return ProcessWorker("recognise", host)
         return InlineWorker("recognise", host.build(), self.clock)

@@ -79,20 +79,22 @@ class MultiplexHost:
 _ENGINES: dict[tuple[str, str, int], Any] = {}
 
 
-def shared_engine(model: str = "tiny.en", precision: str = "int8", threads: int = 0) -> Any:
-    """The Whisper engine of this process, loaded once per (model, precision, threads)."""
+def shared_engine(model: str = "tiny.en", precision: str = "auto", threads: int = 0) -> Any:
+    """The Whisper engine of this process, loaded once per (model, precision, threads):
+    ``[recognizer] precision`` on the CPU, "auto" and "int8" quantised, "fp32" not (CUDA's
+    fp16 and bf16 are refused before the process starts: subd.service.daemon)."""
     key = (model, precision, threads)
     if key not in _ENGINES:
         from subd.models.engine import WhisperEngine, live_threads
 
         _ENGINES[key] = WhisperEngine.load(model, threads=threads or live_threads(),
-                                           quantize=precision == "int8")
+                                           quantize=precision in ("auto", "int8"))
     return _ENGINES[key]
 
 
-def shared_streaming_recognizer(model: str = "tiny.en", **opts: Any) -> Any:
+def shared_streaming_recognizer(model: str = "tiny.en", precision: str = "auto",
+                                threads: int = 0, **opts: Any) -> Any:
     """A streaming recogniser (its own state) over this process's shared engine."""
     from subd.recognise.streaming import StreamingRecognizer
 
-    engine = shared_engine(model, opts.get("precision", "int8"), opts.get("threads", 0))
-    return StreamingRecognizer(model, engine=engine, **opts)
+    return StreamingRecognizer(model, engine=shared_engine(model, precision, threads), **opts)

@@ -199,6 +199,6 @@ def serial_recogniser(cfg: Any, n_channels: int, **kwargs: Any) -> ShardedRecogn
     n = cpu_process_count(cfg.cpu_processes, n_channels)
     if not cfg.process or n < 2:
         return None
-    host = serial_host_spec(cfg.model, share=n)
+    host = serial_host_spec(cfg.model, share=n, precision=cfg.precision)
     return build_shards(lambda name, _k: ProcessWorker(name, host), n, SharedWorker,
                         "processes share the channels, one update at a time each", **kwargs)
