@@ -50,7 +50,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--synthetic", action="store_true", help="add espeak-ng speech as a set")
     p.add_argument("--max-clips", type=int, default=0, help="first N clips of each set (0: all)")
     p.add_argument("--model", default="tiny.en")
-    p.add_argument("--config", help="configuration file (default: built in)")
+    p.add_argument("--config", help="configuration file (default: built in; its [recognizer] "
+                   "precision is the engine's, int8 or fp32)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="--pace cpu: a streaming recogniser option (subd.recognise.streaming."
                         "StreamingConfig), e.g. agree_context_ms=2000; repeatable")
@@ -149,6 +150,7 @@ async def _stream_cpu(sset: SpeechSet, latency_ms: int, args, seen=None) -> tupl
     history = AudioHistory(cfg.recognizer.history_s * SAMPLE_RATE_HZ)
     spec = recognizer_spec(args.model, **{**cfg.recognizer.window_options(),
                                           "language": args.language,
+                                          "precision": cfg.recognizer.precision,
                                           **recognizer_overrides(args.overrides)})
     rec = CpuTimed(RecogniserHost(spec, history.capacity, history=history), update_ms(args))
     tagger = resolve_tagger(args.tagger)
@@ -189,13 +191,13 @@ def _config(args, latency_ms: int):
     from subd.config import load_config
 
     cfg = load_config(args.config)
+    rec = cfg.recognizer
     if getattr(args, "min_update_ms", None) is not None:
-        cfg = cfg.replace(recognizer=dataclasses.replace(
-            cfg.recognizer, min_update_ms=cadence_ms(args, latency_ms, cfg.tick.lookahead_ms)))
+        rec = dataclasses.replace(rec, min_update_ms=cadence_ms(args, latency_ms,
+                                                                cfg.tick.lookahead_ms))
     if args.span != "config":
-        cfg = cfg.replace(recognizer=dataclasses.replace(cfg.recognizer,
-                                                         encoder_span=args.span))
-    return cfg
+        rec = dataclasses.replace(rec, encoder_span=args.span)
+    return cfg.replace(recognizer=rec)
 
 
 def cadence_ms(args, latency_ms: int, lookahead_ms: int) -> int:
@@ -240,8 +242,7 @@ def recognizer_overrides(items: list[str]) -> dict:
             out[key] = (value.lower() in ("1", "true", "yes")) if isinstance(default, bool) \
                 else type(default)(value)
         except ValueError:
-            raise UserError(f"--set {item!r}: {value!r} is not a {type(default).__name__}") \
-                from None
+            raise UserError(f"--set {item!r}: {value!r} is no {type(default).__name__}") from None
     return out
 
 
@@ -324,13 +325,11 @@ def run(args: argparse.Namespace) -> int:
     names = [s.strip() for s in args.sets.split(",") if s.strip()]
     if not names or any(n not in SETS for n in names):
         raise UserError(f"--sets {args.sets!r}: choose from {', '.join(SETS)}")
-    if not 1 <= args.repeats <= 20:
-        raise UserError("--repeats must be in 1..20")
-    if args.max_clips < 0:
-        raise UserError("--max-clips must be >= 0")
+    if not 1 <= args.repeats <= 20 or args.max_clips < 0:
+        raise UserError("--repeats must be in 1..20 and --max-clips >= 0")
     if (args.overrides or args.update_ms) and args.pace != "cpu":
-        raise UserError("--set and --update-ms work with --pace cpu (the daemon takes "
-                        "config.toml and runs at its own speed)")
+        raise UserError("--set and --update-ms work with --pace cpu (the daemon takes its "
+                        "configuration and runs at its own speed)")
     if args.min_update_ms is not None:
         cadence_ms(args, 2000, 150)  # a bad value fails before any run
     sets = [build_set(n, SETS[n][:args.max_clips or None]) for n in names]
@@ -338,8 +337,9 @@ def run(args: argparse.Namespace) -> int:
         sets.append(synthetic_set())
     from subd.models.engine import WhisperEngine
 
-    # the engine `subd transcribe` uses on this machine: int8 on the CPU, all cores
-    engine = WhisperEngine.load(args.model, quantize=True)
+    # `subd transcribe`'s engine, all cores, in [recognizer] precision (the CPU's: int8 or fp32)
+    engine = WhisperEngine.load(args.model, quantize=_config(args, 2000).recognizer.precision
+                                in ("auto", "int8"))
     results: dict[str, dict[str, RunScore]] = {}
     for sset in sets:
         print(f"{sset.name}: {len(sset.audio) / 16000:.1f} s, {len(sset.words)} words"
