@@ -104,6 +104,28 @@ def test_a_sink_failing_every_tick_is_counted_and_still_logged_after_the_first_t
     assert "2000 sink errors so far" in caplog.records[-1].getMessage()
 
 
+def test_planned_updates_skipped_are_exported_per_channel():
+    """[recognizer] update_cost_ms: updates the recogniser fell behind are counted by the
+    pipeline and exported as subd_recogniser_updates_skipped, as they happen."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from subd.pipeline.tickstats import Counters
+
+    metrics = Metrics()
+    observer = OpsObserver(metrics.channel("a"))
+    observer.counters = Counters()
+
+    def skipped() -> float:
+        return {s.name: s.value for f in text_string_to_metric_families(metrics.render().decode())
+                for s in f.samples if s.labels.get("channel") == "a"}[
+            "subd_recogniser_updates_skipped_total"]
+
+    for k, total in enumerate((0, 2, 2, 5)):
+        observer.counters.updates_skipped = total
+        observer.on_publish(CaptionState(k=k, due_ns=k, audio_end_ns=k), k)
+        assert skipped() == total
+
+
 def test_file_write_errors_and_lost_cues_are_exported():
     from prometheus_client.parser import text_string_to_metric_families
 

@@ -224,7 +224,11 @@ def run_zh(args: argparse.Namespace, latencies: list[int], streamed: Streamed) -
     from subd.models.engine import WhisperEngine
 
     sets = [build_zh_set(n, ZH_SETS[n]) for n in names]
-    engine = WhisperEngine.load(args.model, quantize=True)  # as subd transcribe on this CPU
+    from subd.config import load_config
+
+    # as subd transcribe on the CPU, in --config's [recognizer] precision (int8 by default)
+    engine = WhisperEngine.load(args.model, quantize=load_config(args.config).recognizer
+                                .precision in ("auto", "int8"))
     results: dict[str, dict[str, CharScore]] = {}
     for cset in sets:
         print(f"{cset.name}: {len(cset.audio) / 16000:.1f} s, {len(cset.ref)} characters "

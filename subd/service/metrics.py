@@ -121,6 +121,11 @@ class Metrics:
             "subd_sink_errors", "Ticks a sink failed to take (full disk, closed file, bug).",
             ch, registry=r,
         )
+        self.updates_skipped = Counter(
+            "subd_recogniser_updates_skipped",
+            "Planned recogniser updates left out: the recogniser was behind its schedule "
+            "([recognizer] update_cost_ms).", ch, registry=r,
+        )
         self.file_write_errors = Counter(
             "subd_file_write_errors",
             "Failed writes of live files and the events log (retried; disk full, I/O error).",
@@ -172,6 +177,7 @@ class Metrics:
             self.lag, self.sse_clients, self.sse_drops, self.committed_word_latency,
             self.source_up, self.source_failures, self.channel_up, self.channel_restarts,
             self.sink_errors, self.file_write_errors, self.file_cues_lost,
+            self.updates_skipped,
         )
 
     def render(self) -> bytes:
@@ -202,6 +208,7 @@ class ChannelMetrics:
         self.channel_up = metrics.channel_up.labels(c)
         self.channel_restarts = metrics.channel_restarts.labels(c)
         self.sink_errors = metrics.sink_errors.labels(c)
+        self.updates_skipped = metrics.updates_skipped.labels(c)
         self.file_write_errors = metrics.file_write_errors.labels(c)
         self.file_cues_lost = metrics.file_cues_lost.labels(c)
         self._file_seen = (0, 0)  # the sinks' running totals, as last synced
@@ -299,6 +306,7 @@ class OpsObserver:
         self.counters: Any | None = None  # the pipeline's (tickstats.Counters), once it exists
         self._misses_seen = 0
         self._sink_errors_seen = 0
+        self._skipped_seen = 0
 
     def on_publish(self, state: Any, sent_ns: int) -> None:
         missed = False
@@ -309,6 +317,9 @@ class OpsObserver:
             if c.sink_errors > self._sink_errors_seen:
                 self.metrics.sink_errors.inc(c.sink_errors - self._sink_errors_seen)
                 self._sink_errors_seen = c.sink_errors
+            if c.updates_skipped > self._skipped_seen:
+                self.metrics.updates_skipped.inc(c.updates_skipped - self._skipped_seen)
+                self._skipped_seen = c.updates_skipped
         self.metrics.published(state.due_ns, sent_ns, fallback=state.fallback,
                                degraded=state.degraded, missed=missed)
         if self.health is not None:
