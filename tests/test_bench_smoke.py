@@ -100,6 +100,9 @@ def test_daemon_runs_subd_run_per_cpu_processes_setting_and_prints_each_channel(
     same = re.search(r"^captions of 2 against 1: (\d) of 2 channels word for word the same; "
                      r"words that differ per channel: (\d+), (\d+)$", out, re.M)
     assert same and int(same.group(1)) == (same.group(2), same.group(3)).count("0")
+    exact = re.search(r"^  with their marks, capitals and word times: (\d) of 2 channels the "
+                      r"same$", out, re.M)
+    assert exact and int(exact.group(1)) <= int(same.group(1))
 
 
 def test_daemon_settings_pair_each_device_with_the_processes_that_apply_there():

@@ -193,6 +193,7 @@ def _run_once(tmp: Path, args: argparse.Namespace, device: str, processes: str,
             max=max(shown, default=float("nan")),
             within=sum(s <= limit for s in shown) / max(1, len(shown)),
             updates=seen.get("updates", {}).get(name, 0), text=normalise(" ".join(words)),
+            exact=[(w["w"], w["start_ms"], w["end_ms"]) for t in ticks for w in t["committed"]],
             wer=wer(ref, normalise(" ".join(words)))))
     totals = {k: sum(c[k] for c in counts.values()) for k in COUNTERS}
     return dict(device=device, processes=processes, channels=channels, totals=totals,
@@ -288,15 +289,18 @@ def run(args: argparse.Namespace) -> int:
         # the captions themselves: each channel's committed words against the baseline's in
         # the same round (word errors, the baseline's words the reference)
         for label in labels[1:]:
-            diffs = []
+            diffs, exact = [], 0
             for r in range(1, args.runs + 1):
                 (mine,) = [row for row in rows if row["label"] == label and row["run"] == r]
                 (theirs,) = [row for row in rows if row["label"] == base and row["run"] == r]
-                diffs += [word_errors(b["text"], c["text"]) for b, c in
-                          zip(theirs["channels"], mine["channels"], strict=True)]
+                pairs = list(zip(theirs["channels"], mine["channels"], strict=True))
+                diffs += [word_errors(b["text"], c["text"]) for b, c in pairs]
+                exact += sum(b["exact"] == c["exact"] for b, c in pairs)
             print(f"captions of {label} against {base}: {sum(d == 0 for d in diffs)} of "
                   f"{len(diffs)} channels word for word the same; words that differ per "
                   f"channel: {', '.join(map(str, diffs))}")
+            print(f"  with their marks, capitals and word times: {exact} of {len(diffs)} "
+                  "channels the same")
     return 0
 
 
