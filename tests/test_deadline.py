@@ -733,3 +733,24 @@ def test_a_phrase_said_again_after_a_pause_is_kept():
              _w("Shelley's", 4.02, 4.52)]
     kept = after_commit_point(again, said, said[-1].end_ns, forced=True, deadline=True)
     assert [w.text for w in kept] == ["The", "words", "of", "Shelley's"]
+
+
+def test_when_audio_was_live_does_not_jump_when_d_changes():
+    """The planned schedule dates an update by when its audio was live (``_live_ns``), read off
+    the tick grid. A configuration reload that changes D switches grids at a later tick: audio
+    of the ticks before the switch is dated on the grid they are due on, so its live time does
+    not move by the change of D (it moved by 1 s here, planning those updates' words a second
+    early)."""
+    clock = FakeClock(start_ns=T0_NS + 3_000 * MS)
+    pipeline = Pipeline(clock=clock, settings=TickSettings(latency_ms=2000, max_latency_ms=4000),
+                        source=FileSource(np.zeros(SAMPLE_RATE_HZ, np.float32)),
+                        recogniser=None, tagger=None, history=AudioHistory(SAMPLE_RATE_HZ * 40))
+    pipeline.grid = TickGrid.create("30", T0_NS, 2000, 150)
+    pipeline._ring_latency_ns = 4000 * MS
+    samples = [SAMPLE_RATE_HZ * s // 2 for s in range(1, 13)]  # 0.5 .. 6 s of audio
+    before = [pipeline._live_ns(s) for s in samples]
+    switch_k = pipeline.set_latency(3000)
+    assert 0 < pipeline.grid.tick_of_sample(samples[0]) < switch_k \
+        < pipeline.grid.tick_of_sample(samples[-1])
+    assert [pipeline._live_ns(s) for s in samples] == before
+    assert before[1] - before[0] == 500 * MS  # and live time runs with the audio

@@ -281,7 +281,9 @@ class Pipeline(TickPublisher):
         """When audio up to ``sample`` was live: the end of the tick that holds its last
         sample, on the tick grid (the same for every device, however late it is sent)."""
         k = self.grid.tick_of_sample(max(sample - 1, 0))
-        return self._due(k) - self.grid.latency_ns
+        grid = self._grid_prev if self._grid_prev is not None and k < self._switch_k \
+            else self.grid  # the grid tick k is due on (a live change of D: the one before)
+        return grid.due_ns(k) - grid.latency_ns
 
     def _integrate(self, result: RecogniseResult, final: bool = False) -> None:
         hyp = result.hypothesis
