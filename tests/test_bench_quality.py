@@ -136,3 +136,13 @@ def test_a_modelled_run_gives_every_recogniser_call_its_modelled_cost():
     assert timed.cost_ns(UpdateRequest(0, 0, full_span=False), 123) == 140_000_000
     assert timed.cost_ns(FinishRequest(0), 123) == 450_000_000
     assert CpuTimed(host=None).cost_ns(FinishRequest(0), 123) == 123  # measured: its CPU time
+
+
+def test_an_empty_plot_path_writes_no_plot(tmp_path, monkeypatch, speech_clips):
+    """``--plot ""``: no figure (matplotlib had written one called ".png" in the working
+    directory)."""
+    monkeypatch.chdir(tmp_path)
+    out = bench("quality", "--sets", "heldout", "--max-clips", "1", "--latencies", "2000",
+                "--pace", "cpu", "--update-ms", "450,140", "--plot", "")
+    assert "plot:" not in out and re.search(r"^\s+2000\s+[\d.]+", out, re.M)
+    assert list(tmp_path.iterdir()) == []

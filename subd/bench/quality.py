@@ -58,7 +58,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--tagger", default="auto", help="[pipeline] tagger: auto, none, ...")
     p.add_argument("--punct", action="append", default=[], metavar="KEY=VALUE",
                    help="--pace cpu: a PunctConfig option of the tagger; repeatable")
-    p.add_argument("--plot", default="quality_vs_latency.png", help="PNG output")
+    p.add_argument("--plot", default="quality_vs_latency.png", help="PNG output ('': none)")
     p.add_argument("--json", help="write the figures here as JSON")
     p.add_argument("--show", action="store_true", help="print each run's text")
     p.add_argument("--repeats", type=int, default=1,
@@ -363,8 +363,8 @@ def run(args: argparse.Namespace) -> int:
         Path(args.json).write_text(json.dumps(
             {n: {k: sc.as_dict() for k, sc in res.items()} for n, res in results.items()},
             indent=1))
-    _plot(results, latencies, args.plot)
-    print(f"plot: {args.plot}")
+    if args.plot:  # --plot "": none
+        _plot(results, latencies, args.plot)
     return 0
 
 
@@ -385,10 +385,9 @@ def _plot(results: dict[str, dict[str, RunScore]], latencies: list[int], path: s
             axes[1].plot(xs, [r.f1[mark] for r in runs], style, color=color,
                          label=f"{name} '{mark}'")
             axes[1].axhline(off.f1[mark], color=color, ls=":", lw=0.8)
-        axes[2].plot(xs, [r.latency_s.get("p50", np.nan) for r in runs], "o-", color=color,
-                     label=f"{name} p50")
-        axes[2].plot(xs, [r.latency_s.get("p95", np.nan) for r in runs], "s--", color=color,
-                     label=f"{name} p95")
+        for q, style in (("p50", "o-"), ("p95", "s--")):
+            axes[2].plot(xs, [r.latency_s.get(q, np.nan) for r in runs], style, color=color,
+                         label=f"{name} {q}")
     axes[2].plot(xs, xs, "k:", lw=0.8, label="D")
     for ax, title in zip(axes, ("WER % (dotted: offline)", "punctuation F1 (dotted: offline)",
                                 "committed latency as shown (s)"), strict=True):
@@ -398,3 +397,4 @@ def _plot(results: dict[str, dict[str, RunScore]], latencies: list[int], path: s
         ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
+    print(f"plot: {path}")
