@@ -35,6 +35,7 @@ from subd.models.batched_decode import (
 from subd.models.decoding import DecodeOptions, DecodeResult, compression_ratio
 from subd.models.engine import DEFAULT_OPTIONS, DEFAULT_POLICY, MAX_PROMPT_TOKENS, FallbackPolicy
 from subd.models.loading import LoadedModel
+from subd.models.whisper import layer_norms_to
 
 ROW_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 768, 1024, 1536, 2048, 3072, 4096)
 CTX_BUCKETS = (32, 64, 96, 128, 192, 256, 448)
@@ -83,10 +84,7 @@ class BatchedEngine:
         self.special = loaded.tokenizer.special
         self.sot_sequence = loaded.tokenizer.sot_sequence("en")
         model = copy.deepcopy(loaded.model).to(self.device, self.dtype).eval()
-        for m in model.modules():  # LayerNorm runs in float32 (its forward upcasts its input)
-            if isinstance(m, torch.nn.LayerNorm):
-                m.float()
-        self.model = model
+        self.model = layer_norms_to(model, self.dtype)  # they normalise in float32
         dims = model.dims
         self.n_mels = dims.n_mels
         width = buffer_width(config)

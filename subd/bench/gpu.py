@@ -98,11 +98,9 @@ def _half_copy(model, device):
 
     import torch
 
-    m = copy.deepcopy(model).to(device, torch.float16).eval()
-    for mod in m.modules():
-        if isinstance(mod, torch.nn.LayerNorm):
-            mod.float()
-    return m
+    from subd.models.whisper import layer_norms_to
+
+    return layer_norms_to(copy.deepcopy(model).to(device, torch.float16).eval(), torch.float16)
 
 
 def _policy():

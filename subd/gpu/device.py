@@ -83,12 +83,12 @@ def torch_dtype(precision: str):
 
 
 def on_device(loaded, placement: Placement):
-    """A copy of ``loaded`` whose model sits on ``placement`` (LayerNorms stay float32, as the
-    batched engine keeps them); int8 is CPU dynamic quantisation."""
+    """A copy of ``loaded`` whose model sits on ``placement`` (LayerNorms normalise in float32,
+    as the batched engine's: ``models.whisper.layer_norms_to``); int8 is CPU dynamic
+    quantisation."""
     import copy
     import dataclasses
 
-    import torch
 
     if placement.precision == "int8":
         from subd.models.engine import quantize_linears
@@ -96,10 +96,10 @@ def on_device(loaded, placement: Placement):
         return dataclasses.replace(loaded, model=quantize_linears(loaded.model))
     if not placement.cuda and placement.precision == "fp32":
         return loaded
-    model = copy.deepcopy(loaded.model).to(placement.device, torch_dtype(placement.precision))
-    for m in model.modules():
-        if isinstance(m, torch.nn.LayerNorm):
-            m.float()
+    from subd.models.whisper import layer_norms_to
+
+    dtype = torch_dtype(placement.precision)
+    model = layer_norms_to(copy.deepcopy(loaded.model).to(placement.device, dtype), dtype)
     return dataclasses.replace(loaded, model=model.eval())
 
 

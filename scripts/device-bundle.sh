@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Build .benchdata/: what a GPU machine with no model wheels and no package index needs to run
+# `subd bench gpu` and the GPU tests (docs/MEASUREMENTS.md, "Commands"). Run from the checkout
+# with the project's venv active (the packaged tiny.en is read from it). .benchdata/ is ignored
+# by git; the device tool carries it (carry [".benchdata"], well under 64 MiB).
+#   .benchdata/wheels/   Python 3.12 wheels of subd's dependencies the GPU image lacks
+#   .benchdata/tiny_en/  tiny.en as a compact int8-rounded copy (models.portable, 38 MB)
+#   .benchdata/librivox/ the five LibriVox clips of pocketsphinx-testdata
+#   .benchdata/ps/       pocketsphinx-testdata's test data (SUBD_POCKETSPHINX there)
+#   .benchdata/site.sh   sourced there: installs the wheels and subd into /tmp/site
+set -euo pipefail
+out=.benchdata
+ps=/usr/share/pocketsphinx/test/data
+mkdir -p "$out/wheels" "$out/librivox"
+pip download -q --dest "$out/wheels" --only-binary=:all: --python-version 3.12 \
+    --implementation cp --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 \
+    --platform manylinux_2_28_x86_64 --no-deps soundfile cffi soxr webrtcvad-wheels text2num chardet
+# pure Python (some ship only as sources): wheels built here run on any Python 3
+pip wheel -q --wheel-dir "$out/wheels" --no-deps pysrt pytorch-crf pycparser redis \
+    whisper-normalizer more-itertools indic-numtowords
+cp "$ps"/librivox/*.wav "$out/librivox/"
+rm -rf "$out/ps" && cp -r "$ps" "$out/ps"
+python - "$out/tiny_en" <<'EOF'
+import sys
+from pathlib import Path
+from subd.models.loading import PACKAGED, _pinned_path, load_model
+from subd.models.portable import save_portable
+spec = PACKAGED["tiny.en"]
+tok = _pinned_path(spec.tokenizer, spec.pip_name)
+save_portable(load_model("tiny.en"), Path(sys.argv[1]), tok)
+EOF
+cat > "$out/site.sh" <<'EOF'
+# source from the checkout's root on the GPU machine: subd and its wheels in /tmp/site
+set -e
+if [ ! -f /tmp/site/.done ]; then
+  pip install -q --no-deps --target /tmp/site .benchdata/wheels/*.whl
+  pip install -q --no-deps --no-build-isolation --target /tmp/site .
+  ln -sfn "$PWD/data" /tmp/site/data
+  touch /tmp/site/.done
+fi
+export PYTHONPATH=/tmp/site SUBD_POCKETSPHINX=$PWD/.benchdata/ps PATH=/tmp/site/bin:$PATH
+set +e
+EOF
+du -sh "$out"
