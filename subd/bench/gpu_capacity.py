@@ -15,6 +15,8 @@ windows is then run again, as the same batch, through a randomly initialised mod
   and its alignment matrix on the device (the DTW itself is the host work the real model's
   words already did, the same size).
 
+The random model's encoder is queued before the real model's work and runs beside it (on CUDA,
+on its own streams); its decoding and word-timing pass follow, as they need the real tokens.
 A channel's result comes back only after both models' work for its batch. The random model's
 own choices are never used, and the real model's work is extra (a large model would not need
 it), so the capacity found is a lower bound for SIZE with tokens counted in the real model's
@@ -103,25 +105,50 @@ class CapacityWindows:
         self.big.warm()
 
     def transcribe(self, jobs: list[WindowJob]) -> list:
-        out = self.real.transcribe(jobs)
-        done = [(j, r) for j, r in zip(jobs, out, strict=True)
-                if not isinstance(r, BaseException)]
-        groups: dict[int, list[tuple[WindowJob, object, int]]] = {}
-        for job, res in done:  # the real engine's encoder buckets
-            frames = min(n_frames_for(min(len(job.audio), WINDOW_SAMPLES)) - 1, WINDOW_FRAMES)
-            groups.setdefault(job.span.frames(frames), []).append((job, res, frames))
+        """The real engine's results, after the random model did the same work. The random
+        model's encoder needs no transcript: it is queued first, on that engine's own CUDA
+        streams, and runs while the real model works; its decoding and word-timing pass, which
+        need the real tokens, follow. The real model's work is capacity mode's own (a large
+        model's deployment would not run it), so overlapping it keeps the figures closer to
+        the large model's own: that model's work is all done, in its order, before any channel
+        hears back."""
         cap = self.big.batched.config.max_rows
-        for enc_frames, items in sorted(groups.items()):
-            for lo in range(0, len(items), cap):
-                self._replay(items[lo : lo + cap], enc_frames)
+        groups: dict[int, list[int]] = {}
+        frames = []
+        for i, job in enumerate(jobs):  # the real engine's encoder buckets
+            n = min(n_frames_for(min(len(job.audio), WINDOW_SAMPLES)) - 1, WINDOW_FRAMES)
+            frames.append(n)
+            groups.setdefault(job.span.frames(n), []).append(i)
+        encoded = [(enc_frames, part, self._encode([jobs[i] for i in part], enc_frames))
+                   for enc_frames, idx in sorted(groups.items())
+                   for part in (idx[lo : lo + cap] for lo in range(0, len(idx), cap))]
+        out = self.real.transcribe(jobs)
+        for _, part, feats in encoded:
+            done = [k for k, i in enumerate(part) if not isinstance(out[i], BaseException)]
+            if done:
+                self._replay(feats if len(done) == len(part) else self._take(feats, done),
+                             [(jobs[part[k]], out[part[k]], frames[part[k]]) for k in done])
+        big = self.big.batched
+        big._join("encode")
+        big._join("decode")
         return out
 
     @torch.inference_mode()
-    def _replay(self, items: list, enc_frames: int) -> None:
-        big, eng = self.big, self.big.batched
+    def _encode(self, jobs: list[WindowJob], enc_frames: int) -> torch.Tensor:
+        eng = self.big.batched
+        audio, lengths = eng.upload([job.audio[:WINDOW_SAMPLES] for job in jobs])
+        return eng.encode(eng.features(audio, lengths, enc_frames))
+
+    @torch.inference_mode()
+    def _take(self, feats: torch.Tensor, rows: list[int]) -> torch.Tensor:
+        eng = self.big.batched
+        with eng._on("decode", after="encode"):
+            return feats.index_select(0, torch.tensor(rows, device=feats.device))
+
+    @torch.inference_mode()
+    def _replay(self, feats: torch.Tensor, items: list) -> None:
+        big = self.big
         sp = self.tokenizer.special
-        audio, lengths = eng.upload([job.audio[:WINDOW_SAMPLES] for job, _, _ in items])
-        feats = eng.encode(eng.features(audio, lengths, enc_frames))
         rows, forced = [], []
         for job, res, _ in items:
             prefix = job.prefix if res.prefix_used else ()
@@ -136,8 +163,8 @@ class CapacityWindows:
         # rows where the random model did not run the whole transcript (its loop guard)
         self.n_short += sum(len(r.tokens) < len(res.decode.tokens)
                             for r, (_, res, _) in zip(got, items, strict=True))
-        eng._join("encode")
-        eng._join("decode")
+        big.batched._join("encode")  # the word-timing pass runs on the current stream
+        big.batched._join("decode")
         texts = [res.decode.text_tokens(sp.timestamp_begin) for _, res, _ in items]
         self._align(feats, [k for k, t in enumerate(texts) if t], texts,
                     [frames for _, _, frames in items])
