@@ -72,6 +72,9 @@ class DecodeBuffers:
         # tokens forced at the start of a row's transcript (a committed prefix): they count in
         # n_gen, but the loop guard, like tail_loop, looks only at what is decoded after them
         self.n_forced = torch.zeros(max_rows, dtype=torch.long, **z)
+        # rows whose first token after the forced prefix continues it (DecodeOptions.
+        # continue_prefix; models.decoding.LogitFilter): no timestamp right after the prefix
+        self.cont = torch.zeros(max_rows, dtype=torch.bool, **z)
         self.out_tok = torch.zeros(max_rows, max_new, dtype=torch.long, **z)
         self.out_lp = torch.zeros(max_rows, max_new, dtype=torch.float32, **z)
         self.temperature = torch.zeros(max_rows, dtype=torch.float32, **z)  # 0: greedy row
@@ -111,7 +114,7 @@ class BatchRules:
         self.need_run = torch.tensor(need, device=device)
 
     def _choose(self, buf: DecodeBuffers, n: int, sample: bool, n_gen: torch.Tensor,
-                last: torch.Tensor, prev: torch.Tensor, stamp: torch.Tensor
+                last: torch.Tensor, prev: torch.Tensor, stamp: torch.Tensor, cont: torch.Tensor
                 ) -> tuple[torch.Tensor, torch.Tensor]:
         """The reference path (and the sampled one): masks, then reductions, in torch."""
         sp, ts, col = self.sp, self.sp.timestamp_begin, self.col
@@ -119,7 +122,8 @@ class BatchRules:
         first = (n_gen == 0)[:, None]
         last_ts = (n_gen > 0) & (last >= ts)
         penult = (n_gen < 2) | (prev >= ts)
-        pair_closed = (last_ts & penult)[:, None] & (col >= ts)
+        # a pair just closed, or the prefix's text continues: text or eot next
+        pair_closed = ((last_ts & penult) | cont)[:, None] & (col >= ts)
         opening = (last_ts & ~penult)[:, None] & (col < sp.eot)
         floor = torch.where(last_ts & ~penult, stamp, stamp + 1)
         backwards = (stamp >= 0)[:, None] & (col >= ts) & (col < floor[:, None])
@@ -141,7 +145,8 @@ class BatchRules:
         return token, token_lp
 
     def _fused(self, logits: torch.Tensor, n_gen: torch.Tensor, last: torch.Tensor,
-               prev: torch.Tensor, stamp: torch.Tensor, temperature: torch.Tensor | None = None,
+               prev: torch.Tensor, stamp: torch.Tensor, cont: torch.Tensor,
+               temperature: torch.Tensor | None = None,
                seed: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """The same choice in one pass over the logits (kernels/select_gpu.py): greedy, or with
         ``temperature`` [n] and a device ``seed``, sampled for the rows whose temperature > 0
@@ -150,7 +155,7 @@ class BatchRules:
         first = n_gen == 0
         last_ts = ~first & (last >= ts)
         penult = (n_gen < 2) | (prev >= ts)
-        opening, closed = last_ts & ~penult, last_ts & penult
+        opening, closed = last_ts & ~penult, (last_ts & penult) | cont
         floor = torch.where(opening, stamp, stamp + 1)
         lo = torch.where(closed, n_vocab, torch.where(stamp >= 0, floor, ts))
         lo = torch.where(first, ts, lo)
@@ -170,15 +175,17 @@ class BatchRules:
         sp, ts = self.sp, self.sp.timestamp_begin
         n_gen, last, prev, stamp = buf.n_gen[:n], buf.last_tok[:n], buf.prev_tok[:n], \
             buf.last_stamp[:n]
+        # the first token after a forced prefix of text that the row continues
+        cont = buf.cont[:n] & (n_gen == buf.n_forced[:n]) & (n_gen > 0) & (last < ts)
         if select_gpu.available(buf.logits):
             temperature = seed = None
             if sample:  # a new draw per step, also when a CUDA graph replays this
                 buf.rng_seed.add_(1)
                 temperature, seed = buf.temperature[:n], buf.rng_seed
-            token, token_lp = self._fused(buf.logits[:n], n_gen, last, prev, stamp,
+            token, token_lp = self._fused(buf.logits[:n], n_gen, last, prev, stamp, cont,
                                           temperature, seed)
         else:
-            token, token_lp = self._choose(buf, n, sample, n_gen, last, prev, stamp)
+            token, token_lp = self._choose(buf, n, sample, n_gen, last, prev, stamp, cont)
         if buf.forced is not None:  # the row's transcript token at this column, where given
             want = buf.forced[:n].gather(1, n_gen.clamp(max=buf.forced.shape[1] - 1)[:, None])
             token = torch.where(want[:, 0] >= 0, want[:, 0], token)

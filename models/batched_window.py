@@ -2,19 +2,17 @@
 
 The streaming policy (subd/recognise/streaming.py) decides per stream what to decode: the
 window, the previous-text prompt, the committed prefix to force, the token budget, the encoder
-span, the language. :class:`WindowEngine` runs those decodes for many streams together and
-hands each stream the same :class:`~subd.models.engine.WindowResult` the single-stream engine
-would:
+span, the language. :class:`WindowEngine` runs them for many streams together and hands each
+stream the :class:`~subd.models.engine.WindowResult` the single-stream engine would:
 
 * front end and encoder batched over the windows that share an encoder span (the span depends
   on the window's length; windows of one span bucket share one encoder call);
 * decoding batched on the static-cache engine (``models.batched``), with the committed prefix
   forced per row: the prefix goes through the prompt pass with the prompt and counts as
-  already generated (the timestamp rules see it, the loop guard does not, as in
-  ``decode_window``); on CUDA the step chunks replay captured graphs and the host reads one
-  "all done" flag per chunk, one chunk late;
-* the temperature fallback (when the policy asks for one) re-decodes only the rows that need
-  it, and so does the retry without the prefix;
+  already generated (the timestamp rules see it, the loop guard does not, as in ``decode_window``);
+  on CUDA the step chunks replay captured graphs and the host reads one "all done" flag per
+  chunk, one chunk late;
+* the temperature fallback and the retry without the prefix re-decode only the rows concerned;
 * word timings from the alignment heads: one decoder pass for a chunk of rows, the attention
   matrices on the device, one DTW sweep for all rows (models.alignment.dtw_paths), then the
   single-stream code's word grouping (script-aware) and duration rules.
@@ -78,6 +76,7 @@ class _Row:
     sot_index: int
     prefix: tuple[int, ...]
     max_new: int  # tokens to decode after the prefix
+    cont: bool = False  # its first token continues the prefix (DecodeOptions.continue_prefix)
 
 
 class WindowEngine:
@@ -262,7 +261,7 @@ class WindowEngine:
                 opts.append(o)
                 previous = jobs[r].previous if temperature <= 0.5 else None
                 rows.append(self._row(previous, prefixes[r], o.max_new_tokens,
-                                      jobs[r].language))
+                                      jobs[r].language, o.continue_prefix))
             sub = feats if len(todo) == len(jobs) else self._rows(feats, todo)
             got = self._decode(sub, rows, opts[0])
             retry = []
@@ -280,13 +279,13 @@ class WindowEngine:
         return results  # type: ignore[return-value]
 
     def _row(self, previous: list[int] | None, prefix: tuple[int, ...], max_new: int,
-             language: str | None) -> _Row:
+             language: str | None, cont: bool = False) -> _Row:
         sp = self.tokenizer.special
         before = [sp.sot_prev, *previous[-MAX_PROMPT_TOKENS:]] if previous else []
         prompt = before + self._sot(language)
         n_ctx = self.batched.model.dims.n_text_ctx
         return _Row(prompt, len(before), prefix,
-                    max(0, min(max_new, n_ctx - len(prompt) - len(prefix))))
+                    max(0, min(max_new, n_ctx - len(prompt) - len(prefix))), cont)
 
     @torch.inference_mode()
     def _decode(self, feats: torch.Tensor, rows: list[_Row], options: DecodeOptions,
@@ -332,6 +331,8 @@ class WindowEngine:
             buf.out_tok[:n_rows, :m_max] = head.to(dev, non_blocking=True)
             buf.n_gen[:n_rows] = forced.to(dev, non_blocking=True)
             buf.n_forced[:n_rows] = buf.n_gen[:n_rows]
+            buf.cont[:n_rows] = torch.tensor([r.cont and bool(r.prefix) for r in rows]
+                                             + [False] * (n_rows - n)).to(dev, non_blocking=True)
             buf.max_new[:n_rows] = max_new.to(dev, non_blocking=True)
             buf.last_tok[:n_rows] = last.to(dev, non_blocking=True)
             buf.prev_tok[:n_rows] = prev.to(dev, non_blocking=True)

@@ -30,6 +30,9 @@ class DecodeOptions:
     loop_min_repeats: int = 3  # a tail n-gram seen this many times in a row ...
     loop_min_tokens: int = 20  # ... covering at least this many tokens is a loop
     seed: int = 0
+    # the first token after a forced prefix of text continues its segment: text or the end,
+    # never a timestamp (see LogitFilter)
+    continue_prefix: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,9 +91,17 @@ def periodic_tail_start(tokens: list[int], min_period: int = 4) -> int | None:
 class LogitFilter:
     """In-place logit rules for one sequence; ``generated`` excludes the prompt."""
 
-    def __init__(self, special: SpecialTokens, options: DecodeOptions, n_vocab: int):
+    def __init__(self, special: SpecialTokens, options: DecodeOptions, n_vocab: int,
+                 n_prefix: int = 0):
         self.sp = special
         self.options = options
+        # a forced prefix of committed text is continued, not closed (options.continue_prefix):
+        # its words' times are not among its tokens, so a timestamp right after them is the
+        # model's guess at a boundary it never decoded. Guessed early (LibriSpeech "the
+        # adventure of the cart.<|2.00|><|2.00|>", speech resuming at 3.0 s), the next words
+        # were read from the pause ("Hit B cell" for "It befell"); continued, as a decode
+        # without the prefix reads them, they come out right
+        self.continue_at = n_prefix if options.continue_prefix else 0
         mask = torch.zeros(n_vocab, dtype=torch.bool)
         for t in options.suppress_tokens:
             if 0 <= t < n_vocab:
@@ -119,6 +130,9 @@ class LogitFilter:
             return
         last_ts = generated[-1] >= ts
         penultimate_ts = len(generated) < 2 or generated[-2] >= ts
+        if len(generated) == self.continue_at and not last_ts:
+            logits[ts:] = NEG_INF  # right after the prefix's text: text or eot next
+            return
         if last_ts:
             if penultimate_ts:  # a pair just closed: text or eot next
                 logits[ts:] = NEG_INF
@@ -154,7 +168,7 @@ def decode_window(
     special = tokenizer.special
     cache = decoder.new_cache(audio_features, cross_from=cross_from)
     n_vocab = decoder.dims.n_vocab
-    filt = LogitFilter(special, options, n_vocab)
+    filt = LogitFilter(special, options, n_vocab, len(prefix))
     gen = torch.Generator().manual_seed(options.seed)
     max_new = min(options.max_new_tokens, decoder.dims.n_text_ctx - len(prompt) - len(prefix))
     first = torch.tensor([prompt + list(prefix)], device=audio_features.device)

@@ -142,7 +142,6 @@ class _State:
     committed: list[Word] = field(default_factory=list)
     previous: list[Word] = field(default_factory=list)  # last hypothesis after the commit point
     # per word of ``previous``: decodes in a row that heard it out with the same words up to it
-    # (0: that decode had not heard it out)
     previous_streak: list[int] = field(default_factory=list)
     last_decode_end: int = 0  # audio_end (samples) at the last decode
     settled_end: int = 0  # samples: the hypothesis accounts for all speech before this
@@ -272,7 +271,8 @@ class StreamingRecognizer:
             DEFAULT_POLICY if self.config.temperature_fallback or st.stalled else GREEDY_POLICY,
             self.deadline_mode, self._speech_after_commit_point)
         budget = TOKENS_BASE + TOKENS_PER_S * len(window) // SAMPLE_RATE_HZ - len(prefix)
-        options = replace(DEFAULT_OPTIONS, max_new_tokens=max(TOKENS_BASE, budget))
+        options = replace(DEFAULT_OPTIONS, max_new_tokens=max(TOKENS_BASE, budget),
+                          continue_prefix=bool(prefix) and self._speech_after_commit_point())
         result = transcribe_unlooped(
             self.engine, window, prompt, policy, options=options, prefix=prefix,
             retry_without_prefix=self._speech_after_commit_point,  # asked only if needed
