@@ -64,7 +64,7 @@ class _Gathered:
     """Some rows of DecodeBuffers as a compact batch that ``BatchRules.select`` can update."""
 
     READ = ("logits", "n_gen", "last_tok", "prev_tok", "last_stamp", "done", "looped", "runs",
-            "out_tok", "out_lp", "max_new", "temperature", "tokens_in", "n_forced")
+            "out_tok", "out_lp", "max_new", "temperature", "tokens_in", "n_forced", "cont")
     WRITTEN = ("n_gen", "last_tok", "prev_tok", "last_stamp", "done", "looped", "runs",
                "out_tok", "out_lp", "tokens_in")
 

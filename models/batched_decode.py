@@ -41,8 +41,8 @@ def bytes_per_row(dims, dtype: torch.dtype, max_new: int) -> int:
     log-probabilities, and the per-row state."""
     kv = dims.n_text_layer * 2 * dims.n_text_state * (dims.n_text_ctx + dims.n_audio_ctx) \
         * dtype.itemsize
-    state = 8 * (8 + MAX_GRAM) + 4 + 2  # 8 long counters and tokens, the n-gram runs,
-    # the temperature, 2 flags
+    state = 8 * (8 + MAX_GRAM) + 4 + 3  # 8 long counters and tokens, the n-gram runs,
+    # the temperature, 3 flags
     return kv + 4 * dims.n_vocab + 12 * max_new + state
 
 
