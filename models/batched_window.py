@@ -331,7 +331,7 @@ class WindowEngine:
             buf.out_tok[:n_rows, :m_max] = head.to(dev, non_blocking=True)
             buf.n_gen[:n_rows] = forced.to(dev, non_blocking=True)
             buf.n_forced[:n_rows] = buf.n_gen[:n_rows]
-            buf.cont[:n_rows] = torch.tensor([r.cont and bool(r.prefix) for r in rows]
+            buf.cont[:n_rows] = torch.tensor([r.cont for r in rows]
                                              + [False] * (n_rows - n)).to(dev, non_blocking=True)
             buf.max_new[:n_rows] = max_new.to(dev, non_blocking=True)
             buf.last_tok[:n_rows] = last.to(dev, non_blocking=True)

@@ -32,6 +32,7 @@ from subd.bench.quality_sets import (
     SpeechSet,
     build_set,
     latency_summary,
+    offline_engine,
     score_words,
     synthetic_set,
 )
@@ -335,11 +336,7 @@ def run(args: argparse.Namespace) -> int:
     sets = [build_set(n, SETS[n][:args.max_clips or None]) for n in names]
     if args.synthetic:
         sets.append(synthetic_set())
-    from subd.models.engine import WhisperEngine
-
-    # `subd transcribe`'s engine, all cores, in [recognizer] precision (the CPU's: int8 or fp32)
-    engine = WhisperEngine.load(args.model, quantize=_config(args, 2000).recognizer.precision
-                                in ("auto", "int8"))
+    engine = offline_engine(args.model, args.config)
     results: dict[str, dict[str, RunScore]] = {}
     for sset in sets:
         print(f"{sset.name}: {len(sset.audio) / 16000:.1f} s, {len(sset.words)} words"

@@ -102,6 +102,15 @@ def _clip(key: str) -> ClipRef:
     return ClipRef(key, load_audio(path), words, marks)
 
 
+def offline_engine(model: str, config: str | None):
+    """`subd transcribe`'s engine on this machine's CPU, in ``config``'s [recognizer] precision
+    (int8 by default): what the streamed runs are measured against."""
+    from subd.config import load_config
+    from subd.gpu.device import load_engine, place
+
+    return load_engine(model, place("cpu", load_config(config).recognizer.precision))
+
+
 def speech_table() -> dict[str, tuple[str, str, str]]:
     """data/speech/transcripts.tsv: clip name (no .wav) -> (language, punctuated, text)."""
     table = SPEECH / "transcripts.tsv"

@@ -33,7 +33,14 @@ from pathlib import Path
 
 import numpy as np
 
-from subd.bench.quality_sets import GAP_S, SPEECH, Published, latency_summary, speech_table
+from subd.bench.quality_sets import (
+    GAP_S,
+    SPEECH,
+    Published,
+    latency_summary,
+    offline_engine,
+    speech_table,
+)
 from subd.errors import UserError
 
 ZH_DEV_CLIPS = ("aishell-bac009s0764w0121", "aishell-bac009s0764w0122",
@@ -221,14 +228,8 @@ def run_zh(args: argparse.Namespace, latencies: list[int], streamed: Streamed) -
         raise UserError("--synthetic and --max-clips are for the English sets")
     if not 1 <= args.repeats <= 20:
         raise UserError("--repeats must be in 1..20")
-    from subd.models.engine import WhisperEngine
-
     sets = [build_zh_set(n, ZH_SETS[n]) for n in names]
-    from subd.config import load_config
-
-    # as subd transcribe on the CPU, in --config's [recognizer] precision (int8 by default)
-    engine = WhisperEngine.load(args.model, quantize=load_config(args.config).recognizer
-                                .precision in ("auto", "int8"))
+    engine = offline_engine(args.model, args.config)
     results: dict[str, dict[str, CharScore]] = {}
     for cset in sets:
         print(f"{cset.name}: {len(cset.audio) / 16000:.1f} s, {len(cset.ref)} characters "

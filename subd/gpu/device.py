@@ -89,7 +89,6 @@ def on_device(loaded, placement: Placement):
     import copy
     import dataclasses
 
-
     if placement.precision == "int8":
         from subd.models.engine import quantize_linears
 
