@@ -437,6 +437,36 @@ def test_marks_the_recogniser_wrote_with_right_context_are_kept_at_the_deadline(
                                                       "Americans,", "ask"]
 
 
+def test_trusted_case_agrees_with_the_marks_decided_before_it():
+    """Whisper's case is kept with its mark, except where the marks decided before the word
+    say otherwise: a stream's first word starts a sentence (Whisper read "printing" from its
+    first second of audio alone), and a capital Whisper wrote only after its own full stop,
+    which the tagger set aside (the word ended its decode), is the tagger's to decide
+    ("antecedents, Nor"). Names keep their capitals."""
+    from subd.models.punct import PunctTagger
+    from subd.punct.stream import PunctConfig
+
+    tagger = PunctTagger.load()
+
+    def shown(text: str, n_first: int) -> list[str]:
+        """The first n_first words commit alone (the last of them ends its decode), then the
+        rest, each decided at its deadline."""
+        stream = PunctStream(tagger, PunctConfig(trust_recogniser_after_words=2))
+        words = [Word(w, i * 300 * MS, (i * 300 + 250) * MS) for i, w in enumerate(text.split())]
+        first = stream.update(words[:n_first], [], 1000 * MS, decide_until_ns=900 * MS)
+        rest = stream.update(words[n_first:n_first + 4], words[n_first + 4:], 4000 * MS,
+                             decide_until_ns=2100 * MS)
+        return [t.text + t.punct for t in (*first.final, *rest.final)]
+
+    assert shown("printing in the only sense with which we are at", 3)[:3] == [
+        "Printing", "in", "the"]
+    assert shown("of my antecedents. Nor of the circumstances which led me", 3)[2:4] == [
+        "antecedents", "nor"]
+    assert shown("of the cart. It befell in the month of May", 3)[2:4] == ["cart", "it"]
+    assert shown("and then Mr. John Dashwood had then leisure to consider", 3)[2:5] == [
+        "Mr", "John", "Dashwood"]
+
+
 def test_a_word_cut_at_its_deadline_is_completed_not_repeated(voiced):
     """D short: "ill" (the start of "ill-disposed", heard out by its aligned end) is due and
     committed; the next decode spells the whole word: only its rest is new."""

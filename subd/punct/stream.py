@@ -230,7 +230,8 @@ class PunctStream:
             tags = self._memo_edge[1]
         k_trust = self.config.trust_recogniser_after_words
         if k_trust and deadline and marks is not None:
-            tags = list(tags)
+            own, tags = tags, list(tags)
+            trusted = []
             for i in range(min(n_decide, len(tags))):
                 mark = marks[len(left) + i]
                 if mark.n_after is not None and mark.n_after >= k_trust:
@@ -238,6 +239,8 @@ class PunctStream:
                     if not punct and self.config.tagger_commas and tags[i].punct == ",":
                         punct = ","
                     tags[i] = WordTag(punct, mark.case, tags[i].break_after)
+                    trusted.append(i)
+            tags = self._sentence_case(tags, own, trusted, marks, len(left))
         decided = zip(self._pending[:n_decide], tags, strict=False)
         final = tuple(tagged_word(w, t, True) for w, t in decided)
         rest = list(zip([*self._pending[n_decide:], *tail], tags[n_decide:], strict=True))
@@ -247,6 +250,32 @@ class PunctStream:
         self._pending_marks = self._pending_marks[n_decide:]
         self._n_final += len(final)
         return PunctUpdate(final, provisional)
+
+    def _sentence_case(self, tags: list[WordTag], own: Sequence[WordTag], trusted: list[int],
+                       marks: list[RecogniserMark], n_left: int) -> list[WordTag]:
+        """The recogniser's case where its mark was trusted, made to agree with the marks
+        decided before it: a word after a sentence end (or a stream's first word) starts with
+        a capital, which Whisper leaves out where it read its first second of audio alone
+        ("printing in the only sense"); and where Whisper capitalised a word only because it
+        ended a sentence before it that the decided mark does not end ("antecedents, Nor"),
+        the tagger's own case stands."""
+        for i in trusted:
+            if i:
+                before = tags[i - 1].punct
+            elif self._left:
+                before = self._left[-1][0].punct
+            else:
+                before = "." if self._n_final == 0 else ""
+            tag, k = tags[i], n_left + i
+            case = tag.case
+            if before in SENTENCE_END and case == "lower":
+                case = "cap"
+            elif (before not in SENTENCE_END and case == "cap" and k
+                  and marks[k - 1].punct in SENTENCE_END):
+                case = own[i].case
+            if case != tag.case:
+                tags[i] = WordTag(tag.punct, case, tag.break_after)
+        return tags
 
     def _edge_checked(
         self, window: list[Word], pauses: list[float | None], marks: list[RecogniserMark],
