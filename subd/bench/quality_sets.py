@@ -35,16 +35,26 @@ GAP_S = 0.75
 # The twelve clips added on 2026-12-03 (six LJ Speech, six LibriSpeech / LibriTTS readers) were
 # split before any of them ran through subd: LJ Speech and LibriSpeech alike three and three, a
 # speaker already in a set joins that set (2412 in dev).
+# The twenty added on 2026-12-04 (nine LJ Speech, two LibriTTS, five VCTK, four LibriSpeech
+# readers, data/speech/SOURCES.md) were split by name, alternating within each corpus, before
+# any of them ran through the streaming recogniser; LibriSpeech speaker 251's three go together.
 DEV_CLIPS = ("librivox/0870", "librivox/0890", "librivox/0920",
              "speech/libri-2412-153948-0000", "speech/lj050-0131", "speech/ami-es2011a-40s",
              "speech/lj001-0001", "speech/lj001-0010", "speech/lj001-0015",
              "speech/libri-1272-128104-0000", "speech/libri-3436-172162-0000",
-             "speech/libri-2412-153948-0001")
+             "speech/libri-2412-153948-0001",
+             "speech/lj001-0003", "speech/lj001-0012", "speech/lj001-0017", "speech/lj001-0027",
+             "speech/lj001-0030", "speech/libritts-5895-34622-000026-000002",
+             "speech/vctk-p255-367", "speech/vctk-p314-272", "speech/libri-3536-23268-0010")
 HELDOUT_CLIPS = ("librivox/0880", "librivox/0930", "cards/001", "cards/002", "cards/003",
                  "cards/004", "cards/005", "speech/jfk", "speech/libri-1995-1837-0001",
                  "speech/lj002-0035", "speech/lj001-0009", "speech/lj001-0014",
                  "speech/lj001-0025", "speech/libritts-1089-134686-000007-000004",
-                 "speech/libri-198-209-0000", "speech/libri-61-70968-0000")
+                 "speech/libri-198-209-0000", "speech/libri-61-70968-0000",
+                 "speech/lj001-0005", "speech/lj001-0016", "speech/lj001-0021", "speech/lj001-0028",
+                 "speech/libritts-84-121550-000074-000000", "speech/vctk-p238-165",
+                 "speech/vctk-p301-102", "speech/vctk-p376-193", "speech/libri-251-137823-0002",
+                 "speech/libri-251-137823-0003", "speech/libri-251-118436-0001")
 SETS = {"dev": DEV_CLIPS, "heldout": HELDOUT_CLIPS}
 
 
