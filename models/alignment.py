@@ -155,6 +155,29 @@ def words_from_path(tokenizer: WhisperTokenizer, text_tokens: list[int], known: 
     return out
 
 
+def within_segments(words: list[WordTiming], tokens: tuple[int, ...] | list[int],
+                    timestamp_begin: int, slack_s: float = 1.0) -> list[WordTiming]:
+    """A decode that closed its last segment and ended there: its words the alignment ran
+    past that segment's end by over ``slack_s``, moved back before it, as Whisper prefers its
+    segment's end timestamp to a word that runs long. ``tokens``: the decode's tokens with
+    its timestamps (``words`` time the last of its text tokens). A stream's last decode closed
+    its segment at 6.16 s and ended, speech going on to 7.9 s, and the alignment timed its
+    last word "and" 7.28-7.84 s: over the words it left out ("an esclavine of leather")."""
+    n_text = sum(1 for t in tokens if t < timestamp_begin)
+    if not tokens or tokens[-1] < timestamp_begin or not n_text:
+        return words  # the decode ended inside its segment, or read nothing
+    close_s = (tokens[-1] - timestamp_begin) * FRAMES_PER_TOKEN_S
+    prev_end, out = 0.0, []
+    for w in words:
+        if w.end_s > close_s + slack_s:
+            end = max(close_s, prev_end)
+            start = min(w.start_s, max(prev_end, end - min(w.end_s - w.start_s, 0.5)))
+            w = WordTiming(w.text, w.tokens, start, end, w.probability)
+        out.append(w)
+        prev_end = w.end_s
+    return out
+
+
 def dtw_paths(costs: list[np.ndarray]) -> list[tuple[np.ndarray, np.ndarray]]:
     """``dtw_path`` of several cost matrices at once (one anti-diagonal sweep for all): the
     same paths, ties broken alike. The accumulated costs are kept skewed, ``acc[d, :, i]`` for

@@ -15,11 +15,10 @@ stream the :class:`~subd.models.engine.WindowResult` the single-stream engine wo
 * the temperature fallback and the retry without the prefix re-decode only the rows concerned;
 * word timings from the alignment heads: one decoder pass for a chunk of rows, the attention
   matrices on the device, one DTW sweep for all rows (models.alignment.dtw_paths), then the
-  single-stream code's word grouping (script-aware) and duration rules.
+  single-stream code's word grouping (script-aware), duration and segment-end rules.
 
 Greedy results equal the single-stream engine's row by row in float32 (tests/test_batched_
-policy.py); in float16 on CUDA a near-tie can flip a token (documented in the bench output).
-"""
+policy.py); in float16 on CUDA a near-tie can flip a token (documented in the bench output)."""
 
 from __future__ import annotations
 
@@ -32,7 +31,7 @@ import torch
 
 from subd.kernels.mel import WINDOW_FRAMES
 from subd.kernels.mel_gpu import n_frames_for
-from subd.models.alignment import alignment_matrix, dtw_paths, words_from_path
+from subd.models.alignment import alignment_matrix, dtw_paths, within_segments, words_from_path
 from subd.models.batched import BatchedEngine, bucket, read_back, window_config
 from subd.models.batched_decode import StepShape, cross_fill, prefill
 from subd.models.decoding import (
@@ -178,7 +177,8 @@ class WindowEngine:
             if b in errors:
                 out.append(errors[b])
             elif b in words:
-                out.append(WindowResult(res, tuple(words[b]), True, used[b]))
+                out.append(WindowResult(res, tuple(within_segments(words[b], res.tokens, ts)),
+                                        True, used[b]))
             else:
                 out.append(WindowResult(res, (), False, used[b]))
         return out

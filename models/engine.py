@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from subd.kernels.mel import WINDOW_FRAMES, log_mel, pad_or_trim_frames
-from subd.models.alignment import WordTiming, align_words
+from subd.models.alignment import WordTiming, align_words, within_segments
 from subd.models.cache import load_cached
 from subd.models.decoding import DecodeOptions, DecodeResult, decode_window, detect_language
 from subd.models.loading import LoadedModel
@@ -292,7 +292,8 @@ class WhisperEngine:
         if self.is_silent(result, policy):
             return WindowResult(result, (), False, bool(prefix))
         text = result.text_tokens(ts)
-        words = self.align(feats, text, n_frames, n_prefix, cross, language)
+        words = within_segments(self.align(feats, text, n_frames, n_prefix, cross, language),
+                                result.tokens, ts)
         return WindowResult(result, tuple(words), True, bool(prefix))
 
 

@@ -103,7 +103,7 @@ class RecognizerConfig:
     # "measured" or N ms: updates planned as lasting N, on the audio's clock (config.toml)
     update_cost_ms: str | int = "measured"
     # encoder input: the window's audio + this padding (0: Whisper's full 30 s; see
-    # subd.recognise.streaming.StreamingConfig.encoder_pad_ms)
+    # subd.recognise.options.StreamingConfig.encoder_pad_ms)
     encoder_pad_ms: int = field(default=2000, metadata=rng(0, 30_000))
     # ... rounded up to this bucket (few encoder shapes recur); and the committed audio the
     # window keeps before it moves on (the cut span's left context). Many channels on one GPU:

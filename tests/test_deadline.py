@@ -22,31 +22,13 @@ from subd.types import SAMPLE_RATE_HZ, AudioChunk, Hypothesis, Word
 from subd.workers.hosts import FactorySpec, RecogniserHost, TagHost, UpdateRequest
 from subd.workers.process import InlineWorker
 from tests.test_scheduler import ListSink
-from tests.test_streaming import _ScriptedEngine as _Scripts
-from tests.test_streaming import _voiced
+from tests.test_streaming import _ScriptedEngine, _voiced
 
 MS = 1_000_000
 T0_NS = 5_000_000_000
 
 
 # ---- the recogniser's commit policy -------------------------------------------------------------
-
-
-class _Tokenizer:
-    """Enough of Whisper's tokenizer for the prompt and the forced prefix of a scripted
-    decode (the script ignores them)."""
-
-    multilingual = False
-    special = type("Special", (), {"timestamp_begin": 50363})
-
-    def encode(self, text: str) -> list[int]:
-        return [1] * len(text.split())
-
-
-class _ScriptedEngine(_Scripts):
-    def __init__(self, *scripts):
-        super().__init__(*scripts)
-        self.tokenizer = _Tokenizer()
 
 
 @pytest.fixture(scope="module")

@@ -114,6 +114,17 @@ def test_config_is_validated():
         StreamingConfig(max_window_ms=40000)
 
 
+class _Tokenizer:
+    """Enough of Whisper's tokenizer for the prompt and the forced prefix of a scripted
+    decode (the script ignores them)."""
+
+    multilingual = False
+    special = type("Special", (), {"timestamp_begin": 50363})
+
+    def encode(self, text: str) -> list[int]:
+        return [1] * len(text.split())
+
+
 class _ScriptedEngine:
     """Stands in for Whisper: decode i returns ``scripts[i]`` (the last one from then on), as
     (text, start_s, end_s, probability) relative to the window start."""
@@ -121,7 +132,7 @@ class _ScriptedEngine:
     def __init__(self, *scripts: list[tuple[str, float, float, float]]):
         self.scripts = scripts
         self.n_calls = 0
-        self.tokenizer = None
+        self.tokenizer = _Tokenizer()
 
     def transcribe_window(self, audio, prompt=None, policy=None, prefix=(), **_):
         from subd.models.alignment import WordTiming

@@ -54,7 +54,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--config", help="configuration file (default: built in; its [recognizer] "
                    "precision is the engine's, int8 or fp32)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help="--pace cpu: a streaming recogniser option (subd.recognise.streaming."
+                   help="--pace cpu: a streaming recogniser option (subd.recognise.options."
                         "StreamingConfig), e.g. agree_context_ms=2000; repeatable")
     p.add_argument("--tagger", default="auto", help="[pipeline] tagger: auto, none, ...")
     p.add_argument("--punct", action="append", default=[], metavar="KEY=VALUE",
@@ -231,7 +231,7 @@ def update_ms(args) -> tuple[int, int] | None:
 
 def recognizer_overrides(items: list[str]) -> dict:
     """``KEY=VALUE`` -> StreamingConfig keyword arguments, typed as the field's default."""
-    from subd.recognise.streaming import StreamingConfig
+    from subd.recognise.options import StreamingConfig
 
     out = {}
     for item in items:
