@@ -48,6 +48,25 @@ LATE = [("an", 0.2, 0.4, 0.9), ("ill-disposed", 0.4, 1.0, 0.9), ("young", 1.0, 1
         ("man,", 1.3, 1.6, 0.9)]
 
 
+def test_a_decode_that_reads_nothing_of_speech_keeps_the_last_reading(voiced):
+    """Whisper on the cut span at a stream's start read "and Mr." from 0.64 s of audio,
+    nothing from 1.08 and 1.28 s, then "Mr. John": the word due in
+    between is taken from the last reading, not lost with the empty one."""
+    first = [("and", 0.1, 0.3, 0.9), ("Mr.", 0.3, 0.6, 0.9)]
+    later = [("Mr.", 0.28, 0.6, 0.9), ("John", 0.6, 0.9, 0.9), ("Dashwood", 0.9, 1.4, 0.9)]
+    rec = StreamingRecognizer(engine=_ScriptedEngine(first, [], later),
+                              confident_min_probability=1.0)
+    _feed(rec, voiced, 0.8)
+    assert rec.update(commit_until_ns=0).committed == ()
+    _feed(rec, voiced, 1.2)
+    hyp = rec.update(commit_until_ns=400 * MS)  # the empty decode: "and" is due
+    assert [w.text for w in hyp.committed] == ["and"]
+    assert [w.text for w in hyp.tentative] == ["Mr."]
+    _feed(rec, voiced, 1.6)
+    hyp = rec.update(commit_until_ns=1000 * MS)
+    assert [w.text for w in hyp.committed] == ["Mr.", "John"]
+
+
 def test_a_word_waits_for_right_context_when_its_deadline_allows(voiced):
     """Long D: the decodes agree on "old-sposed" at once, but its deadline is far; the word
     stays tentative (shown as such) and is decided by the last decode before its deadline,

@@ -144,6 +144,11 @@ class StreamingRecognizer:
         # as "Mr. John" at a stream's start; README, the recogniser driven alone)
         full_span |= not self.deadline_mode and not st.committed
         words = self._decode(window, FULL_SPAN if full_span else None)
+        if not words and st.previous and commit_until_ns is not None:
+            # nothing read where the last decode read words (the cut span at a stream's start
+            # read "and Mr." from 0.64 s, nothing from 1.08 and 1.28 s, then "Mr. John", and
+            # "And" was lost): no reading; words now due come from the last one
+            return self._hypothesis(self._take_due(commit_until_ns))
         newly = self._commit(words, end, commit_until_ns)
         newly += self._trim(end, full_span, not words, pause_commit=commit_until_ns is None
                             or self.config.deadline_pause_commit)
