@@ -82,3 +82,42 @@ def test_words_said_again_reach_the_captions_at_every_deadline(latency_ms, tmp_p
     shown = " ".join(quality.stream_run(sset, latency_ms, args).text.lower().replace(
         ",", " ").replace(".", " ").split())
     assert "try again fail again fail better" in shown
+
+
+# Known, not fixed (2026-12-04): the real-time test above lost a copy twice in ~10 runs on a
+# loaded machine. Reproduced on the fake clock with each update lasting a random 0.4-1.5 s
+# (seeded): 3 of 60 runs (ranges 0.1-2.0 s and 0.4-1.5 s) lost words of a copy, e.g. seed 304:
+# "we will not go back, we back, we will not will not go back". A cut window's decode wrote two
+# copies and the alignment squeezed the middle one to no duration ("we will not go" at one
+# instant, "back," 80 ms); stacked_tail_cut drops such a run as a Whisper loop and kept its
+# first word and the "back," after it. Telling real repeated speech squeezed by the alignment
+# from a loop needs the copy taken whole (subd.recognise.commit).
+@pytest.mark.xfail(strict=False, reason="a copy squeezed by the alignment is cut as a loop "
+                   "under some update timings (seed 304)")
+@pytest.mark.parametrize("seed", [304])
+def test_every_copy_survives_update_costs_that_vary(clip, seed, monkeypatch):
+    import argparse
+    import random
+
+    import numpy as np
+
+    from subd.bench import quality
+    from subd.bench.quality_sets import SpeechSet, reference_words
+    from subd.sources.decode import load_audio
+    from subd.workers.hosts import FinishRequest, UpdateRequest
+
+    rng = random.Random(seed)
+
+    def cost_ns(self, request, cpu_ns):
+        if isinstance(request, UpdateRequest | FinishRequest):
+            return rng.randint(400, 1500) * 1_000_000
+        return cpu_ns
+
+    monkeypatch.setattr(quality.CpuTimed, "cost_ns", cost_ns)
+    ref = reference_words(TEXT)
+    sset = SpeechSet("repeat", np.concatenate([load_audio(clip), np.zeros(12_000, np.float32)]),
+                     [w for w, _ in ref], [m for _, m in ref])
+    parser = argparse.ArgumentParser()
+    quality.register(parser.add_subparsers())
+    args = parser.parse_args(["quality", "--pace", "cpu", "--update-ms", "450,140"])
+    assert _copies(quality.stream_run(sset, 2000, args).text) == 4
