@@ -53,12 +53,10 @@ def test_streamed_captions_keep_every_copy_of_a_repeated_phrase(clip, tmp_path):
     assert _copies(" ".join(words)) == 4
 
 
-@pytest.mark.parametrize("latency_ms", [1000, 2000])
-def test_words_said_again_reach_the_captions_at_every_deadline(latency_ms, tmp_path):
-    """Issue 16's own example, "try again, fail again, fail better": live captions dropped
-    "fail again" at D = 1 s and "Fail" at D = 2 s. The daemon's scheduler and update planner
-    on the fake clock, each update as long as one core of this project's machine takes
-    (450 ms on Whisper's full input, 140 ms on the cut span): the same decisions every run."""
+def _streamed_on_the_fake_clock(wav, text: str, latency_ms: int) -> str:
+    """The text ``subd bench quality --pace cpu --update-ms 450,140`` shows for ``wav`` (its
+    reference ``text``) at D = ``latency_ms``: the daemon's scheduler and update planner on the
+    fake clock, each update as long as one core of this project's machine takes."""
     import argparse
 
     import numpy as np
@@ -67,19 +65,27 @@ def test_words_said_again_reach_the_captions_at_every_deadline(latency_ms, tmp_p
     from subd.bench.quality_sets import SpeechSet, reference_words
     from subd.sources.decode import load_audio
 
+    ref = reference_words(text)
+    sset = SpeechSet("s", np.concatenate([load_audio(wav), np.zeros(12_000, np.float32)]),
+                     [w for w, _ in ref], [m for _, m in ref])
+    parser = argparse.ArgumentParser()
+    quality.register(parser.add_subparsers())
+    args = parser.parse_args(["quality", "--pace", "cpu", "--update-ms", "450,140"])
+    return quality.stream_run(sset, latency_ms, args).text
+
+
+@pytest.mark.parametrize("latency_ms", [1000, 2000])
+def test_words_said_again_reach_the_captions_at_every_deadline(latency_ms, tmp_path):
+    """Issue 16's own example, "try again, fail again, fail better": live captions dropped
+    "fail again" at D = 1 s and "Fail" at D = 2 s (on the fake clock: the same decisions
+    every run)."""
     exe = shutil.which("espeak-ng")
     if exe is None:
         pytest.skip("espeak-ng is not installed")
     text = "Try again, fail again, fail better. Ever tried, ever failed. No matter."
     path = tmp_path / "again.wav"
     subprocess.run([exe, "-v", "en-us", "-s", "150", "-w", str(path), text], check=True)
-    ref = reference_words(text)
-    sset = SpeechSet("again", np.concatenate([load_audio(path), np.zeros(12_000, np.float32)]),
-                     [w for w, _ in ref], [m for _, m in ref])
-    parser = argparse.ArgumentParser()
-    quality.register(parser.add_subparsers())
-    args = parser.parse_args(["quality", "--pace", "cpu", "--update-ms", "450,140"])
-    shown = " ".join(quality.stream_run(sset, latency_ms, args).text.lower().replace(
+    shown = " ".join(_streamed_on_the_fake_clock(path, text, latency_ms).lower().replace(
         ",", " ").replace(".", " ").split())
     assert "try again fail again fail better" in shown
 
@@ -98,14 +104,9 @@ def test_words_said_again_reach_the_captions_at_every_deadline(latency_ms, tmp_p
                    "under some update timings (seed 304)")
 @pytest.mark.parametrize("seed", [304])
 def test_every_copy_survives_update_costs_that_vary(clip, seed, monkeypatch):
-    import argparse
     import random
 
-    import numpy as np
-
     from subd.bench import quality
-    from subd.bench.quality_sets import SpeechSet, reference_words
-    from subd.sources.decode import load_audio
     from subd.workers.hosts import FinishRequest, UpdateRequest
 
     rng = random.Random(seed)
@@ -116,10 +117,4 @@ def test_every_copy_survives_update_costs_that_vary(clip, seed, monkeypatch):
         return cpu_ns
 
     monkeypatch.setattr(quality.CpuTimed, "cost_ns", cost_ns)
-    ref = reference_words(TEXT)
-    sset = SpeechSet("repeat", np.concatenate([load_audio(clip), np.zeros(12_000, np.float32)]),
-                     [w for w, _ in ref], [m for _, m in ref])
-    parser = argparse.ArgumentParser()
-    quality.register(parser.add_subparsers())
-    args = parser.parse_args(["quality", "--pace", "cpu", "--update-ms", "450,140"])
-    assert _copies(quality.stream_run(sset, 2000, args).text) == 4
+    assert _copies(_streamed_on_the_fake_clock(clip, TEXT, 2000)) == 4
