@@ -163,8 +163,7 @@ def within_segments(words: list[WordTiming], tokens: tuple[int, ...] | list[int]
     its timestamps (``words`` time the last of its text tokens). A stream's last decode closed
     its segment at 6.16 s and ended, speech going on to 7.9 s, and the alignment timed its
     last word "and" 7.28-7.84 s: over the words it left out ("an esclavine of leather")."""
-    n_text = sum(1 for t in tokens if t < timestamp_begin)
-    if not tokens or tokens[-1] < timestamp_begin or not n_text:
+    if not words or not tokens or tokens[-1] < timestamp_begin:
         return words  # the decode ended inside its segment, or read nothing
     close_s = (tokens[-1] - timestamp_begin) * FRAMES_PER_TOKEN_S
     prev_end, out = 0.0, []

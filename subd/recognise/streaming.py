@@ -173,9 +173,8 @@ class StreamingRecognizer:
                 # "an esclavine of leather" lost. Decode on from the committed words, as long
                 # as that adds words and speech is left after them.
                 for _ in range(FINISH_ROUNDS):
-                    first = max(ns_to_samples(st.committed_end_ns), st.window_start)
                     if not newly or (self.vad is not None and speech_onset(
-                            self.vad, self.audio, first, end) is None):
+                            self.vad, self.audio, self._commit_sample(), end) is None):
                         break
                     more = self._decode(window, FULL_SPAN)
                     # a second reading, so only a sure one: on a breath after "movable
@@ -238,10 +237,13 @@ class StreamingRecognizer:
         return words if self.vad is None or not self.deadline_mode else heard(
             self.vad, self.audio, words, self.state.window_start, self.audio.end_sample)
 
+    def _commit_sample(self) -> int:
+        """The first sample of the window after the committed words."""
+        return max(ns_to_samples(self.state.committed_end_ns), self.state.window_start)
+
     def _speech_after_commit_point(self) -> bool:
         """Is there speech after the committed words (something left to transcribe)?"""
-        first = max(ns_to_samples(self.state.committed_end_ns), self.state.window_start)
-        return self.vad is None or self._has_speech(first, self.audio.end_sample)
+        return self.vad is None or self._has_speech(self._commit_sample(), self.audio.end_sample)
 
     def _after_commit_point(self, words: list[Word], forced: bool = False) -> list[Word]:
         """Drop hypothesis words that re-state committed audio (subd.recognise.commit)."""
