@@ -8,9 +8,10 @@ from pathlib import Path
 
 import numpy as np
 
+from subd.bench.realtime import LIBRIVOX_DIR
 from subd.types import AudioChunk
 
-CLIP_DIRS = (Path("/usr/share/pocketsphinx/test/data/librivox"), Path(".benchdata/librivox"))
+CLIP_DIRS = (LIBRIVOX_DIR, Path(".benchdata/librivox"))
 
 
 def clip_files() -> list[Path]:

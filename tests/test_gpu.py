@@ -83,17 +83,20 @@ def test_fused_greedy_choice_equals_the_torch_rules(engine):
     n_gen = torch.randint(0, 4, (n,), generator=g).cuda()
     last, prev, stamp = tokens(0.5), tokens(0.5), tokens(0.7)
     stamp = torch.where(stamp >= ts, stamp, -1)
+    # a forced prefix whose text continues: no timestamp may come next
+    cont = (torch.rand(n, generator=g) < 0.2).cuda() & (n_gen > 0) & (last < ts)
     buf = type("Rows", (), {})()
     buf.logits, buf.temperature = logits.cuda(), torch.zeros(n, device="cuda")
-    ref_tok, ref_lp = rules._choose(buf, n, False, n_gen, last, prev, stamp)
-    tok, lp = rules._fused(buf.logits, n_gen, last, prev, stamp)
+    ref_tok, ref_lp = rules._choose(buf, n, False, n_gen, last, prev, stamp, cont)
+    tok, lp = rules._fused(buf.logits, n_gen, last, prev, stamp, cont)
     assert torch.equal(tok, ref_tok)
     assert float((lp - ref_lp).abs().max()) < 1e-4
     assert int((tok >= ts).sum()) > n // 10 and int((tok < sp.eot).sum()) > n // 10
+    assert int(cont.sum()) > n // 20 and not bool((tok[cont] >= ts).any())
     # a sampled row at a vanishing temperature makes the greedy choice (forcing rule included)
     cold = torch.full((n,), 1e-6, device="cuda")
     seed = torch.ones(1, dtype=torch.int32, device="cuda")
-    tok, lp = rules._fused(buf.logits, n_gen, last, prev, stamp, cold, seed)
+    tok, lp = rules._fused(buf.logits, n_gen, last, prev, stamp, cont, cold, seed)
     assert torch.equal(tok, ref_tok)
     assert float((lp - ref_lp).abs().max()) < 1e-4
 
@@ -112,8 +115,9 @@ def test_fused_sampling_draws_from_the_softmax_and_greedy_rows_stay_greedy(engin
     temperature = torch.where(torch.arange(n, device="cuda") < n // 2, 1.0, 0.0)
     n_gen = torch.ones(n, dtype=torch.long, device="cuda")  # mid-text: no timestamp rule
     last, stamp = cols[0].repeat(n), torch.full((n,), -1, device="cuda")
+    cont = torch.zeros(n, dtype=torch.bool, device="cuda")
     seed = torch.ones(1, dtype=torch.int32, device="cuda")
-    tok, lp = rules._fused(logits, n_gen, last, last, stamp, temperature, seed)
+    tok, lp = rules._fused(logits, n_gen, last, last, stamp, cont, temperature, seed)
     sampled, greedy = tok[: n // 2], tok[n // 2 :]
     assert bool((greedy == cols[0]).all())
     share = [float((sampled == c).float().mean()) for c in cols]
@@ -122,7 +126,7 @@ def test_fused_sampling_draws_from_the_softmax_and_greedy_rows_stay_greedy(engin
     for c, want in zip(cols, ref_lp, strict=True):
         assert float((lp[tok == c] - want).abs().max()) < 1e-4
     seed += 1  # the next step draws new numbers
-    again, _ = rules._fused(logits, n_gen, last, last, stamp, temperature, seed)
+    again, _ = rules._fused(logits, n_gen, last, last, stamp, cont, temperature, seed)
     assert not torch.equal(again[: n // 2], sampled)
 
 

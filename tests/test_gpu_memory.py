@@ -80,6 +80,7 @@ def test_each_batched_process_gets_its_share_of_the_gpu():
 def test_a_processes_share_is_its_part_of_the_gpu_less_what_it_holds():
     from subd.gpu.device import memory_share
 
+    torch.cuda.empty_cache()  # blocks other tests freed would take the new tensor unseen
     free, total = torch.cuda.mem_get_info()
     before = memory_share("cuda:0", 0.5)
     assert 0 < before <= min(total / 2, free)

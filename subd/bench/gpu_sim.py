@@ -21,10 +21,11 @@ from pathlib import Path
 
 import numpy as np
 
+from subd.bench.quality_sets import POCKETSPHINX
 from subd.errors import UserError
 from subd.gpu.scheduler import CostModel, GpuScheduler, Update
 
-CLIP_DIRS = (Path("/usr/share/pocketsphinx/test/data/librivox"), Path(".benchdata/librivox"))
+CLIP_DIRS = (POCKETSPHINX / "librivox", Path(".benchdata/librivox"))
 
 SAMPLE_RATE_HZ = 16_000
 NS_PER_MS = 1_000_000

@@ -25,11 +25,12 @@ from pathlib import Path
 
 import numpy as np
 
+from subd.bench.quality_sets import POCKETSPHINX
 from subd.errors import UserError
 from subd.scoring.wer import normalise, wer
 from subd.tasks import start_task
 
-LIBRIVOX_DIR = Path("/usr/share/pocketsphinx/test/data/librivox")
+LIBRIVOX_DIR = POCKETSPHINX / "librivox"
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
