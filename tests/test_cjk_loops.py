@@ -56,7 +56,7 @@ class _Engine:
 
         self.calls.append((prompt, kwargs.get("prefix")))
         text = self.texts.pop(0)
-        return type("Result", (), {"words": tuple(
+        return type("Result", (), {"prefix_used": False, "words": tuple(
             WordTiming(ch, (), i * 0.2, (i + 1) * 0.2, 0.9) for i, ch in enumerate(text))})()
 
 

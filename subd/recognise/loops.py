@@ -30,6 +30,7 @@ from subd.types import Word
 MIN_REPEATS_ONE = 4  # copies of one unit in a row
 MIN_REPEATS = 3  # copies of an n-gram of 2..MAX_PERIOD units in a row
 MAX_PERIOD = 4
+RESTATED_WORDS = 3  # new words that repeat the forced prefix's, in order: a loop of it
 
 
 def _key(text: str) -> str:
@@ -63,16 +64,44 @@ def cut_loop(words: list[Word]) -> list[Word]:
     return words[:start + period]
 
 
+def _plain(text: str) -> str:
+    return "".join(c for c in text.lower() if c.isalnum() or c == "'")
+
+
+def restates_prefix(words: Sequence[Word | WordTiming], prefix_text: str) -> bool:
+    """Do the words decoded after a forced prefix start by saying ``RESTATED_WORDS`` of its
+    words again, in order (case and marks aside)? A forced prefix Whisper misread is what it
+    then continues by copying: a stream's start at D = 1 s committed "I'll let's do it." for
+    "Unless to be", and every decode forced with it read "I'll let's do it." again over
+    "rather cold-hearted and rather selfish"."""
+    old = [w for w in map(_plain, prefix_text.split()) if w]
+    new = [w for w in (_plain(w.text) for w in words[:RESTATED_WORDS]) if w]
+    n = RESTATED_WORDS
+    return len(new) == n and any(old[i:i + n] == new for i in range(len(old) - n + 1))
+
+
 def transcribe_unlooped(engine: WhisperEngine, window, prompt: list[int] | None, policy,
                         **kwargs) -> WindowResult:
-    """``engine.transcribe_window``, and once more without the prompt and the forced prefix
-    when a decode that had either ran into a CJK loop: the committed text before the window
-    and inside it is what the loop grew from (espeak-ng Mandarin on the full input: the three
-    looped decodes of a stream came out clean without it, CER 0.70 -> 0.67). The second
-    decode is kept only when it does not loop; it costs an update, on looped decodes only."""
+    """``engine.transcribe_window``, and once more without the forced prefix when the decode
+    ran into a loop of it:
+
+    * a CJK loop (with the prompt or a prefix): the committed text before the window and inside
+      it is what the loop grew from (espeak-ng Mandarin on the full input: the three looped
+      decodes of a stream came out clean without it, CER 0.70 -> 0.67); redone without either,
+      and the second decode is kept only when it does not loop;
+    * the words after a forced prefix restate it (``restates_prefix``): redone with the prompt
+      but without the prefix, every word of the window read afresh (the commit point then
+      drops those in committed audio, as for any decode without a prefix).
+
+    The second decode costs an update, on such decodes only."""
     result = engine.transcribe_window(window, prompt, policy, **kwargs)
-    if not (prompt or kwargs.get("prefix")) or loop_start(result.words) is None:
-        return result
-    kwargs = {**kwargs, "prefix": (), "retry_without_prefix": None}
-    again = engine.transcribe_window(window, None, policy, **kwargs)
-    return result if loop_start(again.words) is not None else again
+    prefix = kwargs.get("prefix")
+    without = {**kwargs, "prefix": (), "retry_without_prefix": None}
+    if (prompt or prefix) and loop_start(result.words) is not None:
+        again = engine.transcribe_window(window, None, policy, **without)
+        return result if loop_start(again.words) is not None else again
+    if prefix and result.prefix_used and result.words:
+        ts = engine.tokenizer.special.timestamp_begin
+        if restates_prefix(result.words, engine.tokenizer.decode([t for t in prefix if t < ts])):
+            return engine.transcribe_window(window, prompt, policy, **without)
+    return result
