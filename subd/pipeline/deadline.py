@@ -14,8 +14,8 @@ The encoder span is chosen here too, per update (``[recognizer] encoder_span``):
 * ``"full"``: Whisper's whole 30 s input, as offline transcription: the offline engine's
   reading, at two to three times the cost on a CPU (fewer, fuller updates).
 * ``"auto"`` (default): full whenever that still leaves the due words ``FULL_SPAN_CONTEXT_NS``
-  of right context, or nearly as much as the cut span would (on a fast device the full input
-  costs little more); otherwise the cut span. A word decided with ~1 s of right context on the
+  of right context (or, for a channel that waits behind others, nearly as much as the cut span
+  would); otherwise the cut span. A word decided with ~1 s of right context on the
   full input reads like offline: ``subd bench quality --pace cpu`` (tiny.en int8, one core),
   D = 2 s: WER dev 6.1 % / held-out 5.4 % full, offline 6.1 / 5.4, cut 7.8 / 8.6. At D = 1 s
   the full input (0.4 s an update) leaves ~0 s of right context and the two are even (dev WER
@@ -71,7 +71,15 @@ UPDATE_MARGIN_NS = 30_000_000
 # tiny.en int8 on one core: the cut span 0.12-0.15 s an update, the full input 0.38-0.42 s
 FIRST_COST_NS = {False: 150_000_000, True: 400_000_000}
 FULL_SPAN_CONTEXT_NS = 750_000_000
-FULL_SPAN_SLACK_NS = 150_000_000  # full also when it costs the words at most this much context
+# A channel that waits behind others (a loaded GPU: round trips ~1 s, mostly the batch in
+# flight) takes the full input also when it costs the due words at most this much context:
+# the 0.75 s alone moved such channels between the spans as the wait rose and fell (tried,
+# not kept: docs/MEASUREMENTS.md, "The cut span on a loaded GPU"). A channel that does not
+# wait keeps the 0.75 s: at D = 1 s on a fast device the full input's 0.4-0.55 s read worse
+# than the cut span's 0.55-0.6 s (dev WER 9.4 / 8.3 % against 6.9 / 6.9 % at 200/70 and 60/30
+# ms an update, subd bench quality --pace cpu --per-clip)
+FULL_SPAN_SLACK_NS = 150_000_000
+WAITING_NS = 150_000_000
 # D = 2 s on one core sat near the threshold: in a loaded run the full input's p70 cost rose
 # past 0.53 s and 41 of 185 updates were full, the rest cut (dev WER 12.2 % that run)
 FULL_SPAN_HYSTERESIS_NS = 300_000_000
@@ -222,10 +230,10 @@ class UpdatePlanner:
         return None
 
     def _full_pays(self, grid: TickGrid, gap_ns: int, on_full: bool) -> bool:
-        """Whether the full input leaves the due words FULL_SPAN_CONTEXT_NS of right context, or
-        nearly as much as the cut span; ``on_full``: down to FULL_SPAN_HYSTERESIS_NS less (an
-        update's cost moves with the load, and a choice that flips every few updates decides
-        words from hypotheses of both kinds)."""
+        """Whether the full input leaves the due words FULL_SPAN_CONTEXT_NS of right context (or,
+        waiting behind others, nearly as much as the cut span); ``on_full``: down to
+        FULL_SPAN_HYSTERESIS_NS less (an update's cost moves with the load, and a choice that
+        flips every few updates decides words from hypotheses of both kinds)."""
         budget = grid.latency_ns - grid.lookahead_ns - UPDATE_MARGIN_NS
 
         def context(full: bool) -> int:  # the right context due words get (wall ns)
@@ -234,7 +242,11 @@ class UpdatePlanner:
 
         need = FULL_SPAN_CONTEXT_NS - (FULL_SPAN_HYSTERESIS_NS if on_full else 0)
         full_ctx = context(True)
-        return full_ctx >= need or full_ctx >= context(False) - FULL_SPAN_SLACK_NS
+        if full_ctx >= need:
+            return True
+        # short of it: the cut span, unless this channel waits behind others (below)
+        waiting = bool(self._waits) and _quantile(self._waits) >= WAITING_NS
+        return waiting and full_ctx >= context(False) - FULL_SPAN_SLACK_NS
 
     def _choose_full(self, grid: TickGrid, gap_ns: int) -> bool:
         if self.span != "auto" or self.planned_cost_ns:
