@@ -1,4 +1,4 @@
-"""Repetition loops in a hypothesis of a script without spaces.
+"""Repetition loops: in a hypothesis of a script without spaces, and of the forced prefix.
 
 In Chinese every character is a word of the hypothesis (models.words), so a decode that runs
 into a loop of one character ("不和和和和和和和和和…", espeak-ng Mandarin on Whisper's full
@@ -8,7 +8,7 @@ the 100-character espeak-ng text on the full input committed 28 looped copies of
 0.76 against 0.62 on the cut input). The decoder's loop guard (models.decoding.tail_loop) stops
 a loop only once it covers 20 tokens, and keeps the copies; the budget cut removes repeats of 4
 tokens and more only. English loops repeat phrases and are left to those guards and to
-commit.stacked_tail_cut.
+commit.stacked_tail_cut, except a decode that copies its forced prefix (``restates_prefix``).
 
 A run of one CJK unit ``MIN_REPEATS_ONE`` times or more in a row, or of a CJK n-gram of up to
 ``MAX_PERIOD`` units ``MIN_REPEATS`` times or more, is a loop: the first copy stays (it may be
@@ -31,6 +31,7 @@ MIN_REPEATS_ONE = 4  # copies of one unit in a row
 MIN_REPEATS = 3  # copies of an n-gram of 2..MAX_PERIOD units in a row
 MAX_PERIOD = 4
 RESTATED_WORDS = 3  # new words that repeat the forced prefix's, in order: a loop of it
+UNSURE_PREFIX = 0.6  # ... of a prefix whose words' mean probability is below this
 
 
 def _key(text: str) -> str:
@@ -81,7 +82,7 @@ def restates_prefix(words: Sequence[Word | WordTiming], prefix_text: str) -> boo
 
 
 def transcribe_unlooped(engine: WhisperEngine, window, prompt: list[int] | None, policy,
-                        **kwargs) -> WindowResult:
+                        unsure_prefix: bool = True, **kwargs) -> WindowResult:
     """``engine.transcribe_window``, and once more without the forced prefix when the decode
     ran into a loop of it:
 
@@ -89,9 +90,12 @@ def transcribe_unlooped(engine: WhisperEngine, window, prompt: list[int] | None,
       it is what the loop grew from (espeak-ng Mandarin on the full input: the three looped
       decodes of a stream came out clean without it, CER 0.70 -> 0.67); redone without either,
       and the second decode is kept only when it does not loop;
-    * the words after a forced prefix restate it (``restates_prefix``): redone with the prompt
-      but without the prefix, every word of the window read afresh (the commit point then
-      drops those in committed audio, as for any decode without a prefix).
+    * the words after a forced prefix restate it (``restates_prefix``) and Whisper was unsure
+      of the prefix's words (``unsure_prefix``): redone with the prompt but without the prefix,
+      every word of the window read afresh (the commit point then drops those in committed
+      audio, as for any decode without a prefix). A phrase said again that Whisper read
+      surely is left alone: redone without the prefix, three copies of "we will not go back"
+      kept two under some update timings (tests/test_repeated_speech.py, seeds 223 and 307).
 
     The second decode costs an update, on such decodes only."""
     result = engine.transcribe_window(window, prompt, policy, **kwargs)
@@ -100,7 +104,7 @@ def transcribe_unlooped(engine: WhisperEngine, window, prompt: list[int] | None,
     if (prompt or prefix) and loop_start(result.words) is not None:
         again = engine.transcribe_window(window, None, policy, **without)
         return result if loop_start(again.words) is not None else again
-    if prefix and result.prefix_used and result.words:
+    if unsure_prefix and prefix and result.prefix_used and result.words:
         ts = engine.tokenizer.special.timestamp_begin
         if restates_prefix(result.words, engine.tokenizer.decode([t for t in prefix if t < ts])):
             return engine.transcribe_window(window, prompt, policy, **without)
