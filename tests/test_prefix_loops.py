@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from subd.models.alignment import WordTiming
 from subd.recognise.loops import restates_prefix, transcribe_unlooped
+from subd.types import Word
 
 
 def _words(text: str) -> list[WordTiming]:
@@ -40,14 +41,6 @@ class _Result:
 class _Engine:
     """transcribe_window's calls recorded; forced with a prefix it copies it."""
 
-    class tokenizer:  # noqa: N801 - the engine's attribute
-        class special:  # noqa: N801
-            timestamp_begin = 1000
-
-        @staticmethod
-        def decode(tokens):
-            return " ".join(f"w{t}" for t in tokens)
-
     def __init__(self) -> None:
         self.calls = []
 
@@ -61,7 +54,8 @@ class _Engine:
 
 def test_a_decode_that_restates_its_prefix_is_redone_without_it_keeping_the_prompt():
     engine = _Engine()
-    result = transcribe_unlooped(engine, None, [5], None, prefix=(1000, 1, 2, 3),
+    said = [Word(f"w{t}", 0, 1, 0.3) for t in (1, 2, 3)]  # words Whisper was unsure of
+    result = transcribe_unlooped(engine, None, [5], None, said, prefix=(1000, 1, 2, 3),
                                  retry_without_prefix=lambda: True)
     assert [w.text.strip() for w in result.words] == ["w7", "w8", "w9"]
     assert not result.prefix_used

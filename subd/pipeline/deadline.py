@@ -245,7 +245,7 @@ class UpdatePlanner:
         if full_ctx >= need:
             return True
         # short of it: the cut span, unless this channel waits behind others (below)
-        waiting = bool(self._waits) and _quantile(self._waits) >= WAITING_NS
+        waiting = _quantile(self._waits) >= WAITING_NS  # 0 while no wait was measured
         return waiting and full_ctx >= context(False) - FULL_SPAN_SLACK_NS
 
     def _choose_full(self, grid: TickGrid, gap_ns: int) -> bool:

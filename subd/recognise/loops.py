@@ -24,6 +24,7 @@ from collections.abc import Sequence
 
 from subd.models.alignment import WordTiming
 from subd.models.engine import WhisperEngine, WindowResult
+from subd.recognise.commit import norm_word
 from subd.script import has_cjk
 from subd.types import Word
 
@@ -65,24 +66,20 @@ def cut_loop(words: list[Word]) -> list[Word]:
     return words[:start + period]
 
 
-def _plain(text: str) -> str:
-    return "".join(c for c in text.lower() if c.isalnum() or c == "'")
-
-
 def restates_prefix(words: Sequence[Word | WordTiming], prefix_text: str) -> bool:
     """Do the words decoded after a forced prefix start by saying ``RESTATED_WORDS`` of its
     words again, in order (case and marks aside)? A forced prefix Whisper misread is what it
     then continues by copying: a stream's start at D = 1 s committed "I'll let's do it." for
     "Unless to be", and every decode forced with it read "I'll let's do it." again over
     "rather cold-hearted and rather selfish"."""
-    old = [w for w in map(_plain, prefix_text.split()) if w]
-    new = [w for w in (_plain(w.text) for w in words[:RESTATED_WORDS]) if w]
+    old = [w for w in map(norm_word, prefix_text.split()) if w]
+    new = [w for w in (norm_word(w.text) for w in words[:RESTATED_WORDS]) if w]
     n = RESTATED_WORDS
     return len(new) == n and any(old[i:i + n] == new for i in range(len(old) - n + 1))
 
 
 def transcribe_unlooped(engine: WhisperEngine, window, prompt: list[int] | None, policy,
-                        unsure_prefix: bool = True, **kwargs) -> WindowResult:
+                        prefix_words: Sequence[Word] = (), **kwargs) -> WindowResult:
     """``engine.transcribe_window``, and once more without the forced prefix when the decode
     ran into a loop of it:
 
@@ -91,7 +88,8 @@ def transcribe_unlooped(engine: WhisperEngine, window, prompt: list[int] | None,
       decodes of a stream came out clean without it, CER 0.70 -> 0.67); redone without either,
       and the second decode is kept only when it does not loop;
     * the words after a forced prefix restate it (``restates_prefix``) and Whisper was unsure
-      of the prefix's words (``unsure_prefix``): redone with the prompt but without the prefix,
+      of the prefix's words (``prefix_words``, the committed words it spells: their mean
+      probability under ``UNSURE_PREFIX``): redone with the prompt but without the prefix,
       every word of the window read afresh (the commit point then drops those in committed
       audio, as for any decode without a prefix). A phrase said again that Whisper read
       surely is left alone: redone without the prefix, three copies of "we will not go back"
@@ -104,8 +102,8 @@ def transcribe_unlooped(engine: WhisperEngine, window, prompt: list[int] | None,
     if (prompt or prefix) and loop_start(result.words) is not None:
         again = engine.transcribe_window(window, None, policy, **without)
         return result if loop_start(again.words) is not None else again
-    if unsure_prefix and prefix and result.prefix_used and result.words:
-        ts = engine.tokenizer.special.timestamp_begin
-        if restates_prefix(result.words, engine.tokenizer.decode([t for t in prefix if t < ts])):
-            return engine.transcribe_window(window, prompt, policy, **without)
+    if prefix_words and result.prefix_used and result.words and \
+            sum(w.probability for w in prefix_words) < UNSURE_PREFIX * len(prefix_words) and \
+            restates_prefix(result.words, " ".join(w.text for w in prefix_words)):
+        return engine.transcribe_window(window, prompt, policy, **without)
     return result

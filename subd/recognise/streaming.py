@@ -42,7 +42,7 @@ from subd.models.engine import (
 from subd.models.words import prompt_text
 from subd.recognise.commit import after_commit_point, decide, hypothesis_words, stacked_tail_cut
 from subd.recognise.language import LanguageTracker
-from subd.recognise.loops import UNSURE_PREFIX, cut_loop, transcribe_unlooped
+from subd.recognise.loops import cut_loop, transcribe_unlooped
 from subd.recognise.options import StreamingConfig
 from subd.recognise.settle import has_speech, heard, settled_end, speech_onset, utterance_end
 from subd.recognise.vad import VoiceActivityDetector
@@ -218,9 +218,9 @@ class StreamingRecognizer:
         budget = TOKENS_BASE + TOKENS_PER_S * len(window) // SAMPLE_RATE_HZ - len(prefix)
         options = replace(DEFAULT_OPTIONS, max_new_tokens=max(TOKENS_BASE, budget),
                           continue_prefix=bool(prefix) and self._speech_after_commit_point())
-        unsure = bool(inside) and np.mean([w.probability for w in inside]) < UNSURE_PREFIX
         result = transcribe_unlooped(
-            self.engine, window, prompt, policy, unsure, options=options, prefix=prefix,
+            self.engine, window, prompt, policy, inside if prefix else (), options=options,
+            prefix=prefix,
             retry_without_prefix=self._speech_after_commit_point,  # asked only if needed
             span=span or self.span, language=self.languages.language,
         )
