@@ -77,6 +77,16 @@ class Hypothesis:
 
 
 @dataclass(frozen=True, slots=True)
+class UpdateCosts:
+    """What one recogniser update took, by encoder span, measured by the recogniser's process
+    before a channel's first words (subd.recognise.warmup): the update planner's first
+    expectation (subd.pipeline.deadline) until the channel's own updates are measured."""
+
+    full_ns: int  # Whisper's whole 30 s input
+    cut_ns: int  # the recogniser's cut span
+
+
+@dataclass(frozen=True, slots=True)
 class TaggedWord:
     """A word after punctuation/capitalisation restoration.
 

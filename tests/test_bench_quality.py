@@ -128,14 +128,19 @@ def test_a_modelled_run_gives_every_recogniser_call_its_modelled_cost():
     """--update-ms: an update lasts its span's modelled cost, and the end of a stream (a full
     input decode) the full input's, never its CPU time: at its CPU time, when a stream's last
     words came in moved with the machine's load, and a held-out stream's last mark with it."""
-    from subd.bench.quality import CpuTimed
+    from subd.bench.cputimed import CpuTimed
     from subd.workers.hosts import FinishRequest, UpdateRequest
 
     timed = CpuTimed(host=None, update_ns=(450_000_000, 140_000_000))
-    assert timed.cost_ns(UpdateRequest(0, 0, full_span=True), 123) == 450_000_000
-    assert timed.cost_ns(UpdateRequest(0, 0, full_span=False), 123) == 140_000_000
-    assert timed.cost_ns(FinishRequest(0), 123) == 450_000_000
+    assert timed.cost_ns(UpdateRequest(3200, 0, full_span=True), 123) == 450_000_000
+    assert timed.cost_ns(UpdateRequest(6400, 0, full_span=False), 123) == 140_000_000
+    assert timed.cost_ns(FinishRequest(7000), 123) == 450_000_000
     assert CpuTimed(host=None).cost_ns(FinishRequest(0), 123) == 123  # measured: its CPU time
+    # an update without new audio decodes nothing (the words due before a stream's last
+    # decode, taken from the last reading): its CPU time, on each channel apart
+    assert timed.cost_ns(UpdateRequest(8000, 0), 123) == 140_000_000
+    assert timed.cost_ns(UpdateRequest(8000, 0), 123) == 123
+    assert timed.cost_ns(UpdateRequest(8000, 0), 123, channel="b") == 140_000_000
 
 
 def test_an_empty_plot_path_writes_no_plot(tmp_path, monkeypatch, speech_clips):

@@ -48,6 +48,7 @@ from subd.scoring.cer import cer, units
 from subd.scoring.punct import stream_hypotheses
 from subd.script import has_cjk, join_words
 from subd.sources.live import FileSource
+from subd.types import UpdateCosts
 from subd.workers.hosts import FactorySpec, RecogniserHost, TagHost
 from subd.workers.process import InlineWorker
 
@@ -368,7 +369,10 @@ def daemon_path(engine: WhisperEngine, audio: np.ndarray, language: str,
     history = AudioHistory(40 * 16000)  # [recognizer] history_s
     spec = FactorySpec("subd.recognise.streaming:StreamingRecognizer",
                        {"model": "base", "engine": engine, "language": language})
-    recogniser = RecogniserHost(spec, history.capacity, history=history)
+    recogniser = RecogniserHost(spec, history.capacity, history=history, measure_costs=False)
+    # what that core measures before the first words (subd.recognise.warmup), as modelled
+    recogniser.update_costs = UpdateCosts(full_ns=BASE_UPDATE_MS[True] * 1_000_000,
+                                          cut_ns=BASE_UPDATE_MS[False] * 1_000_000)
     settings = TickSettings(latency_ms=latency_ms, drain_timeout_s=60)
     seen = _Published()
     pipeline = Pipeline(

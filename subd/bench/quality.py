@@ -20,11 +20,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import time
 from pathlib import Path
 
 import numpy as np
 
+from subd.bench.cputimed import CpuTimed
 from subd.bench.quality_sets import (
     SETS,
     Published,
@@ -103,36 +103,6 @@ async def _stream(sset: SpeechSet, latency_ms: int, args, seen=None) -> tuple[li
     daemon = Daemon(cfg, source, sinks=[], observer=seen)
     await daemon.run()
     return seen.words, source.t0_ns
-
-
-class CpuTimed:
-    """A stage host whose calls last, on the fake clock, their CPU time; with ``update_ns`` an
-    update lasts its span's cost (full input, cut span) and a stream's end the full input's (at
-    its CPU time load moved a stream's last words); ``fixed_ns``: every call (bench serial's)."""
-
-    def __init__(self, host, update_ns: tuple[int, int] | None = None,
-                 fixed_ns: int | None = None) -> None:
-        self.host = host
-        self.update_ns = update_ns
-        self.fixed_ns = fixed_ns
-        self.last_ns = 0
-        self.costs_ns: list[int] = []
-        self.kinds: list[bool | None] = []  # each call's full_span (None: not an update)
-
-    def handle(self, request):
-        t_ns = time.thread_time_ns()
-        self.kinds.append(getattr(request, "full_span", None))
-        try:
-            return self.host.handle(request)
-        finally:
-            self.last_ns = self.cost_ns(request, time.thread_time_ns() - t_ns)
-            self.costs_ns.append(self.last_ns)
-
-    def cost_ns(self, request, cpu_ns: int) -> int:
-        from subd.workers.hosts import FinishRequest, UpdateRequest
-        if self.update_ns is not None and isinstance(request, UpdateRequest | FinishRequest):
-            return self.update_ns[0 if getattr(request, "full_span", True) else 1]
-        return cpu_ns if self.fixed_ns is None else self.fixed_ns
 
 
 async def _stream_cpu(sset: SpeechSet, latency_ms: int, args, seen=None) -> tuple[list, int]:

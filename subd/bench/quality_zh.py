@@ -101,7 +101,7 @@ class Decisions(Published):
 
     def __init__(self) -> None:
         super().__init__()
-        self.recogniser = None  # quality.CpuTimed, set by --pace cpu: the kind of each update
+        self.recogniser = None  # cputimed.CpuTimed, set by --pace cpu: the kind of each update
         self.decisions: list[Decision] = []
 
     def on_hypothesis(self, result, now_ns: int) -> None:

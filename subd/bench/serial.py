@@ -31,7 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
-from subd.bench.quality import CpuTimed
+from subd.bench.cputimed import CpuTimed
 from subd.clock import FakeClock
 from subd.types import SAMPLE_RATE_HZ
 
@@ -48,7 +48,7 @@ class _Costs(CpuTimed):
         inner = getattr(request, "request", None)
         if inner is None or not hasattr(inner, "commit_until_ns"):
             return 0
-        return super().cost_ns(inner, cpu_ns)
+        return super().cost_ns(inner, cpu_ns, request.channel)
 
 
 class _HeldClock(FakeClock):

@@ -88,5 +88,8 @@ def batched_host_spec(spec: Any) -> Any:
     rec = spec.kwargs.get("recognizer") if isinstance(spec, FactorySpec) else None
     if isinstance(rec, FactorySpec) and rec.target.endswith(":shared_streaming_recognizer"):
         batched = FactorySpec("subd.gpu.serve:batched_streaming_recognizer", rec.kwargs)
-        return FactorySpec(spec.target, {**spec.kwargs, "recognizer": batched})
+        # no update costs measured as it attaches (subd.recognise.warmup): the batched engine
+        # decodes only inside its batches, and an update's cost there is its batch's
+        return FactorySpec(spec.target, {**spec.kwargs, "recognizer": batched,
+                                         "measure_costs": False})
     return spec

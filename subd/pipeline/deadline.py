@@ -25,7 +25,9 @@ The encoder span is chosen here too, per update (``[recognizer] encoder_span``):
 
 Both kinds are measured on the channel's first two decoded updates, and the one not in use is
 measured again every ``PROBE_EVERY`` updates (load and devices change); until measured, a kind
-is assumed to cost ``FIRST_COST_NS``, and no less than the other kind was measured to cost.
+is assumed to cost what the recogniser's process measured before the channel's first words
+(``expect``, subd.recognise.warmup), else ``FIRST_COST_NS``, and no less than the other kind
+was measured to cost.
 
 Channels sharing one serial recogniser (the daemon on the CPU): a round trip is the wait behind
 the other channels' updates plus the update's own run, and the span is chosen on those two
@@ -59,6 +61,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from subd.pipeline.ticks import NS_PER_MS, TickGrid
+from subd.types import UpdateCosts
 
 # An update is expected to cost the 70th percentile of the last 10 round trips of its kind,
 # plus a margin for the event loop to integrate the result. The slowest of the 10 gave words
@@ -68,7 +71,8 @@ from subd.pipeline.ticks import NS_PER_MS, TickGrid
 UPDATE_COSTS_KEPT = 10
 UPDATE_COST_QUANTILE = 0.7
 UPDATE_MARGIN_NS = 30_000_000
-# tiny.en int8 on one core: the cut span 0.12-0.15 s an update, the full input 0.38-0.42 s
+# a recogniser that measured nothing before the first words (a plugged-in one): tiny.en int8 on
+# one core, the cut span 0.12-0.15 s an update, the full input 0.38-0.42 s
 FIRST_COST_NS = {False: 150_000_000, True: 400_000_000}
 FULL_SPAN_CONTEXT_NS = 750_000_000
 # A channel that waits behind others (a loaded GPU: round trips ~1 s, mostly the batch in
@@ -118,6 +122,8 @@ class UpdatePlanner:
         # the recogniser serves other channels too (see _probe_due): asked at each probe
         self.shared: Callable[[], bool] = shared if callable(shared) else (lambda: shared)
         self.min_update_ms = min_update_ms
+        # what a kind costs until this channel's own updates measured it (see expect)
+        self.first_cost_ns = dict(FIRST_COST_NS)
         self._costs = {kind: collections.deque(maxlen=UPDATE_COSTS_KEPT)
                        for kind in (False, True)}
         self.n_full = 0
@@ -135,13 +141,21 @@ class UpdatePlanner:
         self._runs = {kind: collections.deque(maxlen=UPDATE_COSTS_KEPT) for kind in (False, True)}
         self._waits: collections.deque = collections.deque(maxlen=UPDATE_COSTS_KEPT)
 
+    def expect(self, costs: UpdateCosts) -> None:
+        """Start from the update costs the recogniser's process measured (the full input, the
+        cut span) instead of an idle core's tiny.en."""
+        self.first_cost_ns = {True: max(1, costs.full_ns), False: max(1, costs.cut_ns)}
+        # both kinds are measured: the first updates need not probe them (base on one core:
+        # a probe of the full input at a stream's start cost its first words 1.35 s)
+        self._last_measured = {False: self._n_plans, True: self._n_plans}
+
     def cost_ns(self, full: bool) -> int:
         if self.planned_cost_ns:
             return self.planned_cost_ns
         if not self._costs[full]:
             # never measured: no cheaper than the other kind was (a loaded machine or a
             # batched recogniser makes both dearer than an idle core's first guess)
-            return max([FIRST_COST_NS[full], *self._costs[not full]])
+            return max([self.first_cost_ns[full], *self._costs[not full]])
         return _quantile(self._costs[full])
 
     def choice_cost_ns(self, full: bool) -> int:
@@ -151,12 +165,14 @@ class UpdatePlanner:
         if not self._waits:  # no run time measured yet
             return self.cost_ns(full)
         runs = self._runs[full]
-        # never run: the other kind's run scaled as the two first guesses are (an idle core:
-        # the full input 0.4 s, the cut span 0.15 s), and no less than this kind's guess. "No
+        # never run: the other kind's run scaled as the two first costs are (as measured
+        # before the first words, or an idle core's tiny.en: the full input 0.4 s, the cut
+        # span 0.15 s), and no less than this kind's first cost. "No
         # cheaper than the other kind", as in cost_ns, let the full input's probe pay where a
         # loaded core ran the cut span in 0.41 s (subd run, 4 channels at load average 6)
-        other = _quantile(self._runs[not full]) * FIRST_COST_NS[full] // FIRST_COST_NS[not full]
-        own = _quantile(runs) if runs else max(FIRST_COST_NS[full], other)
+        first = self.first_cost_ns
+        other = _quantile(self._runs[not full]) * first[full] // first[not full]
+        own = _quantile(runs) if runs else max(first[full], other)
         return _quantile(self._waits) + own
 
     def horizon_ns(self, kinds: tuple[bool, bool] | None = None) -> int:
@@ -182,6 +198,15 @@ class UpdatePlanner:
                 plan.sent_ns + cost_ns - self._recorded[1])
         self._recorded = (self._n_plans, plan.sent_ns)
         self._recorded_full = plan.full_span
+
+    def finish_until(self, grid: TickGrid, now_ns: int) -> int:
+        """The deadline of a stream's last decode, sent now: it runs on Whisper's full input,
+        and the words of every tick whose fetch comes before its result can be in are decided
+        from the last hypothesis (base on one core: the last words of a clip were shown 0.6 s
+        later than D)."""
+        next_in = now_ns + UPDATE_MARGIN_NS + self.cost_ns(True)
+        k = grid.first_due_at_or_after(next_in + grid.lookahead_ns)
+        return grid.audio_end_ns(k - 1) if k > 0 else 0
 
     def plan(self, grid: TickGrid, now_ns: int) -> UpdatePlan:
         gap = int(self.min_update_ms * NS_PER_MS / grid.rate)
@@ -213,7 +238,7 @@ class UpdatePlanner:
         updates) measured nothing and is made again.
 
         A recogniser shared with other channels is probed on the cut span first, and while
-        this channel waits behind other updates (the wait at least an idle core's cut update)
+        this channel waits behind other updates (the wait at least one first cut update)
         the full input is not probed where it cannot pay: 4 tiny.en channels starting on one
         core each probed the full input first, each probe holding the three others' updates
         back by its 0.45 s (subd bench serial --update-ms 600,190: 35 of 41 late words were in
@@ -223,7 +248,7 @@ class UpdatePlanner:
             if last is None and kind == measuring:
                 continue
             if last is None or n_plans - last >= PROBE_EVERY:
-                if kind and self._waits and _quantile(self._waits) >= FIRST_COST_NS[False] \
+                if kind and self._waits and _quantile(self._waits) >= self.first_cost_ns[False] \
                         and not self._full_pays(grid, gap_ns, False):
                     continue
                 return kind

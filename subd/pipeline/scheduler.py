@@ -36,8 +36,8 @@ from subd.pipeline.deadline import UpdatePlanner
 from subd.pipeline.gcpace import PACER
 from subd.pipeline.ingest import Ingest
 from subd.pipeline.publish import TickPublisher
+from subd.pipeline.recognition import RecognitionLoop
 from subd.pipeline.ring import DEGRADED, READY, SlotFlag, SlotRing, n_slots_for
-from subd.pipeline.schedule import AudioSchedule
 from subd.pipeline.ticks import NS_PER_MS, TickGrid, fps_text
 from subd.pipeline.tickstats import Counters
 from subd.pipeline.wordstream import WordStream
@@ -46,10 +46,8 @@ from subd.sources.drift import DriftEstimator
 from subd.tasks import start_task
 from subd.types import CaptionState, Cue, samples_to_ns
 from subd.workers.hosts import (
-    FinishRequest,
     RecogniseResult,
     TagResult,
-    UpdateRequest,
 )
 
 log = logging.getLogger("subd.pipeline.scheduler")
@@ -58,7 +56,7 @@ REBASE_EVERY_TICKS = 150  # live sources: refit the sample clock every ~5 s of t
 MAX_SLEW_NS = 500_000  # at most 0.5 ms of offset correction per refit
 
 
-class Pipeline(TickPublisher):
+class Pipeline(RecognitionLoop, TickPublisher):
     def __init__(self, *, clock: Clock, settings: TickSettings, source: Source,
                  recogniser: Worker, tagger: Worker, history: AudioHistory,
                  sinks: list[Any] = (), events: EventsLog | None = None,
@@ -121,6 +119,10 @@ class Pipeline(TickPublisher):
 
     async def run(self) -> Counters:
         s = self.settings
+        # what the recogniser's process measured its updates to cost (subd.recognise.warmup)
+        costs = getattr(self.recogniser, "update_costs", None)
+        if costs is not None:
+            self.planner.expect(costs)
         t0_ns = await self.source.start(self.clock)
         self.grid = TickGrid.create(s.fps, t0_ns, s.latency_ms, s.lookahead_ms, rate=s.rate)
         self._ring_latency_ns = max(self.grid.latency_ns, s.max_latency_ms * NS_PER_MS)
@@ -222,68 +224,7 @@ class Pipeline(TickPublisher):
         self._done_at_ns = self.clock.now_ns()
         self._audio_event.set()
 
-    # ---- recognise --------------------------------------------------------------------------
-
-    async def _recognise_loop(self) -> None:
-        step = max(self.settings.min_update_ms * 16, 1)
-        # [recognizer] update_cost_ms: updates on the audio's own clock (subd.pipeline.schedule)
-        planned = None if not self.settings.update_cost_ms else AudioSchedule(
-            step, self.settings.update_cost_ms * NS_PER_MS, float(self.grid.rate))
-        step = step if planned is None else planned.step
-        release = None if planned is None else start_task(
-            planned.release(self.clock, self._integrate), "pipeline:release")
-        try:
-            await self._recognise(step, planned, release)
-        finally:
-            if release is not None:
-                release.cancel()
-
-    async def _recognise(self, step: int, planned: AudioSchedule | None, release: Any) -> None:
-        sent = 0
-        while True:
-            while not self._source_done and self.ingest.ingested - sent < step:
-                self._audio_event.clear()
-                await self._audio_event.wait()
-            end = self.ingest.ingested
-            sent_ns = planned_ns = self.clock.now_ns()
-            final = self._source_done
-            if planned is not None:  # the end of the stream too, as if planned
-                skipped = planned.skipped
-                end, final, planned_ns = planned.next(sent, end, self._live_ns)
-                if planned.skipped > skipped:
-                    self._skipped()
-            plan = None if final else self.planner.plan(self.grid, planned_ns)
-            request = FinishRequest(end) if plan is None else UpdateRequest(
-                end, plan.commit_until_ns, full_span=plan.full_span)
-            result = await self.recogniser.call(request, sent_ns)
-            if plan is not None and result.decoded:  # a silent window costs next to nothing
-                # the round trip, and the recogniser's own part of it (the rest: the wait
-                # behind other channels sharing the worker)
-                self.planner.record(plan, self.clock.now_ns() - sent_ns, result.duration_ns)
-            sent = end
-            if planned is not None:  # shown no sooner than planned
-                planned.hold(planned_ns + planned.cost_ns, result, final)
-                if final:
-                    await release
-                    return
-                continue
-            self._integrate(result, final)
-            if final:
-                return
-
-    def _skipped(self) -> None:
-        self.counters.updates_skipped += 1
-        if self.counters.updates_skipped == 1:
-            log.warning("the recogniser is behind its planned update schedule: updates "
-                        "skipped (raise [recognizer] update_cost_ms or the cadence)")
-
-    def _live_ns(self, sample: int) -> int:
-        """When audio up to ``sample`` was live: the end of the tick that holds its last
-        sample, on the tick grid (the same for every device, however late it is sent)."""
-        k = self.grid.tick_of_sample(max(sample - 1, 0))
-        grid = self._grid_prev if self._grid_prev is not None and k < self._switch_k \
-            else self.grid  # the grid tick k is due on (a live change of D: the one before)
-        return grid.due_ns(k) - grid.latency_ns
+    # ---- recognise (the loop: subd.pipeline.recognition) ----------------------------------
 
     def _integrate(self, result: RecogniseResult, final: bool = False) -> None:
         hyp = result.hypothesis

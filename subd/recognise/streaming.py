@@ -46,7 +46,15 @@ from subd.recognise.loops import cut_loop, transcribe_unlooped
 from subd.recognise.options import StreamingConfig
 from subd.recognise.settle import has_speech, heard, settled_end, speech_onset, utterance_end
 from subd.recognise.vad import VoiceActivityDetector
-from subd.types import SAMPLE_RATE_HZ, AudioChunk, Hypothesis, Word, ns_to_samples, samples_to_ns
+from subd.types import (
+    SAMPLE_RATE_HZ,
+    AudioChunk,
+    Hypothesis,
+    UpdateCosts,
+    Word,
+    ns_to_samples,
+    samples_to_ns,
+)
 
 PROMPT_WORDS = 60  # committed words given as context (≈ 80 tokens)
 LEAD_IN_SAMPLES = SAMPLE_RATE_HZ  # audio kept before the commit point when the window moves
@@ -118,6 +126,13 @@ class StreamingRecognizer:
         st = self.state
         st.window_start = st.last_decode_end = st.settled_end = sample
         st.committed_end_ns = samples_to_ns(sample)
+
+    def measure_update_costs(self) -> UpdateCosts | None:
+        """What an update of each span costs on this engine with these options, measured once
+        per process on the demo clip (subd.recognise.warmup); this recogniser is not touched."""
+        from subd.recognise.warmup import update_costs
+
+        return update_costs(self)
 
     def update(self, commit_until_ns: int | None = None, full_span: bool = False) -> Hypothesis:
         """Decode the current window if enough new audio arrived; commit what is settled.

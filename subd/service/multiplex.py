@@ -55,9 +55,10 @@ class MultiplexHost:
             return host.handle(request.request)
         if isinstance(request, Attach):
             dropped = self._close(request.channel)
-            self.hosts[request.channel] = request.host.build()
+            host = self.hosts[request.channel] = request.host.build()
             settle_heap(dropped)  # the channel's host lives as long as the channel
-            return True
+            # a recogniser's update costs, measured as it was built (subd.recognise.warmup)
+            return getattr(host, "update_costs", None) or True
         if isinstance(request, Detach):
             settle_heap(self._close(request.channel), idle=not self.hosts)
             return True

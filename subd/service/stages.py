@@ -27,6 +27,7 @@ from typing import Any
 
 from subd.service.multiplex import Attach, Detach, ForChannel
 from subd.tasks import start_task
+from subd.types import UpdateCosts
 from subd.workers.process import WorkerDied
 from subd.workers.resume import Resume, resume_for
 
@@ -306,12 +307,15 @@ class ChannelWorker:
         self.attached_generation = -1
         self.fresh = False  # attached to a respawned process: the next request is a retry
         self.busy_since_ns: int | None = None  # from the request, queueing included
+        # a recogniser's update costs, measured as it attached (subd.recognise.warmup)
+        self.update_costs: UpdateCosts | None = None
 
     async def ensure_attached(self) -> None:
         while self.attached_generation != self.shared.generation:
             generation, again = self.shared.generation, self.attached_generation >= 0
             try:
-                await self.shared._call(Attach(self.channel, self.resume.host(self.host)))
+                answer = await self.shared._call(Attach(self.channel,
+                                                        self.resume.host(self.host)))
             except StageDown:
                 if self.shared._closing:
                     raise
@@ -320,6 +324,8 @@ class ChannelWorker:
             if self.shared.generation == generation:
                 self.attached_generation = generation
                 self.fresh = self.fresh or again
+                if isinstance(answer, UpdateCosts):
+                    self.update_costs = answer
 
     async def call(self, request: Any, now_ns: int = 0) -> Any:
         self.busy_since_ns = now_ns

@@ -25,7 +25,7 @@ from typing import Any, Protocol
 from subd.errors import ConfigError
 from subd.history import AudioHistory, HistoryReader
 from subd.torch_threads import torch_threads
-from subd.types import AudioChunk, Hypothesis, TaggedWord, Word
+from subd.types import AudioChunk, Hypothesis, TaggedWord, UpdateCosts, Word
 
 log = logging.getLogger("subd.workers.hosts")
 
@@ -90,7 +90,7 @@ class RecogniserHost:
 
     def __init__(self, recognizer: FactorySpec, history_capacity: int,
                  history_name: str | None = None, history: AudioHistory | None = None,
-                 start_sample: int = 0) -> None:
+                 start_sample: int = 0, measure_costs: bool = True) -> None:
         self.history = history if history is not None else AudioHistory(
             history_capacity, name=history_name)
         self.recognizer = recognizer.build()
@@ -109,6 +109,13 @@ class RecogniserHost:
         # by its own policy, on its own span)
         self.takes_deadline = accepts(self.recognizer.update, "commit_until_ns")
         self.takes_span = accepts(self.recognizer.update, "full_span")
+        # what its updates cost, measured before the channel's first words (the planner's
+        # first expectation, subd.recognise.warmup); not again for a channel resumed
+        # mid-stream, whose planner has measured its own
+        measure = getattr(self.recognizer, "measure_update_costs", None)
+        self.update_costs: UpdateCosts | None = (
+            measure() if measure is not None and measure_costs and not start_sample
+            and self.takes_deadline and self.takes_span else None)
 
     def _accept_until(self, end_sample: int) -> int:
         lost = 0

@@ -362,6 +362,11 @@ class InlineWorker:
         self.delay_fn = delay_fn
         self.busy_since_ns: int | None = None
 
+    @property
+    def update_costs(self) -> Any:
+        """A recogniser host's update costs, measured as it was built (subd.recognise.warmup)."""
+        return getattr(self.host, "update_costs", None)
+
     async def start(self, timeout_s: float = 0.0) -> None:
         return None
 
