@@ -151,3 +151,30 @@ def test_an_empty_plot_path_writes_no_plot(tmp_path, monkeypatch, speech_clips):
                 "--pace", "cpu", "--update-ms", "450,140", "--plot", "")
     assert "plot:" not in out and re.search(r"^\s+2000\s+[\d.]+", out, re.M)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_each_repeat_hears_the_streams_later_by_a_step_of_silence(monkeypatch):
+    """``--repeats`` on the fake clock: the same audio gives the same decisions, so run r hears
+    each stream after r x 150 ms of silence (with ``--per-clip`` three runs had been three
+    copies of one). The words and their visible latency are measured from the speech itself."""
+    import argparse
+
+    from subd.bench import quality
+
+    args = argparse.Namespace(model="tiny.en", config=None, overrides=[], tagger="auto",
+                              punct=[], pace="cpu", update_ms="450,140", language="en",
+                              span="config", min_update_ms=None, per_clip=True)
+    sset = build_set("heldout", ("speech/jfk",))
+    seen = []
+    real = quality.streamed
+
+    def streamed(part, latency_ms, args, observer=None):
+        seen.append(len(part.audio))
+        return real(part, latency_ms, args, observer)
+
+    monkeypatch.setattr(quality, "streamed", streamed)
+    first, later = (quality.stream_run(sset, 2000, args, lead) for lead in (0, 300))
+    assert seen[1] - seen[0] == 300 * 16
+    for run in (first, later):
+        assert run.wer_pct < 30
+        assert 2.0 <= run.latency_s["p50"] and run.latency_s["max"] < 2.5

@@ -115,3 +115,29 @@ def test_a_slow_models_first_and_last_words_are_shown_in_time(measured):
         assert late == []
     else:  # what the measurement is for: the stream's first words are late without it
         assert [t for t, end in late if end < 2.0]
+
+
+def test_the_costs_reach_the_channel_from_the_recogniser_process():
+    """The daemon's path: the recogniser's own process measures as the channel attaches, and
+    the channel's worker (what the pipeline's planner reads) holds the costs."""
+    import asyncio
+
+    from subd.service.stages import SharedWorker
+    from subd.workers.process import ProcessWorker
+
+    async def run():
+        history = AudioHistory(4 * 16000, shared=True)
+        worker = ProcessWorker("recognise", FactorySpec("subd.service.multiplex:MultiplexHost"))
+        await worker.start(120)
+        shared = SharedWorker(worker)
+        try:
+            channel = await shared.attach("a", FactorySpec("subd.workers.hosts:RecogniserHost", {
+                "recognizer": recognizer_spec("tiny.en"), "history_capacity": history.capacity,
+                "history_name": history.shm_name}))
+            return channel.update_costs
+        finally:
+            await shared.close(5)
+            history.close()
+
+    costs = asyncio.run(run())
+    assert isinstance(costs, UpdateCosts) and costs.full_ns > 0 and costs.cut_ns > 0
