@@ -18,18 +18,14 @@ again mid-stream (its process respawned) keeps the costs its planner has measure
 
 from __future__ import annotations
 
-import importlib.resources
 import time
-import wave
 from dataclasses import fields
 from typing import Any
 
-import numpy as np
-
 from subd.recognise.options import StreamingConfig
+from subd.sources.decode import demo_clip_path, load_audio
 from subd.types import SAMPLE_RATE_HZ, AudioChunk, UpdateCosts
 
-DEMO_CLIP = ("data", "demo.wav")
 FIRST_S = 2.0  # the window of the untimed first run: a stream's first words
 MAX_S = 8.0  # "auto" identifies the language first: updates until one decodes, up to this
 
@@ -48,20 +44,10 @@ def update_costs(recognizer: Any) -> UpdateCosts | None:
     return _MEASURED[key][1]
 
 
-def demo_audio() -> np.ndarray:
-    """The bundled demo clip (16 kHz mono 16-bit PCM), float32 in [-1, 1)."""
-    path = importlib.resources.files("subd").joinpath(*DEMO_CLIP)
-    with path.open("rb") as f, wave.open(f) as w:
-        if (w.getframerate(), w.getnchannels(), w.getsampwidth()) != (SAMPLE_RATE_HZ, 1, 2):
-            raise ValueError("subd/data/demo.wav: expected 16 kHz mono 16-bit PCM")
-        pcm = np.frombuffer(w.readframes(int(MAX_S * SAMPLE_RATE_HZ)), dtype="<i2")
-    return pcm.astype(np.float32) / 32768.0
-
-
 def _measure(cls: type, engine: Any, config: StreamingConfig) -> UpdateCosts | None:
     opts = {f.name: getattr(config, f.name) for f in fields(config) if f.name != "model"}
     probe = cls(config.model, engine=engine, **opts)
-    audio = demo_audio()
+    audio = load_audio(demo_clip_path(), max_seconds=MAX_S)
     step = config.min_update_ms * SAMPLE_RATE_HZ // 1000
     end = min(len(audio), int(FIRST_S * SAMPLE_RATE_HZ))
     probe.accept(AudioChunk(start_sample=0, samples=audio[:end]))

@@ -4,7 +4,6 @@ around a channel's source), sinks and their options, the tagger, the layout stag
 from __future__ import annotations
 
 import asyncio
-import importlib.resources
 import importlib.util
 import logging
 from pathlib import Path
@@ -15,11 +14,11 @@ from subd.config import ChannelSpec, Config
 from subd.errors import AudioInputError, ConfigError, ModelError
 from subd.pipeline.scheduler import Source
 from subd.server.standalone import serve_if_configured
+from subd.sources.decode import DEMO_CLIP, demo_clip_path  # noqa: F401 - named here by the daemon
 from subd.workers.hosts import FactorySpec, resolve_tagger
 
 log = logging.getLogger("subd.service.build")
 
-DEMO_CLIP = ("data", "demo.wav")
 
 
 def recognizer_spec(model: str, factory: str = "", **opts: Any) -> FactorySpec:
@@ -32,13 +31,6 @@ def recognizer_spec(model: str, factory: str = "", **opts: Any) -> FactorySpec:
         raise ModelError("the streaming recogniser (subd/recognise/streaming.py) is not installed")
     return FactorySpec("subd.service.supervisor:shared_streaming_recognizer",
                        {"model": model, **opts})
-
-
-def demo_clip_path() -> Path:
-    ref = importlib.resources.files("subd").joinpath(*DEMO_CLIP)
-    if not ref.is_file():
-        raise AudioInputError("the bundled demo clip subd/data/demo.wav is missing")
-    return Path(str(ref))
 
 
 def build_source(config: Config, *, seed: int = 0, spec: ChannelSpec | None = None,

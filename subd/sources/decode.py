@@ -16,6 +16,7 @@ file and says what is wrong; no soundfile or ffmpeg traceback reaches the user.
 
 from __future__ import annotations
 
+import importlib.resources
 import os
 import shutil
 import subprocess
@@ -95,6 +96,16 @@ class _Plan:
     channels: int = 1
     n_frames: int | None = None  # frames in the file, where the container says
     ffmpeg: str | None = None
+
+
+DEMO_CLIP = ("data", "demo.wav")  # the bundled clip, in the subd package
+
+
+def demo_clip_path() -> Path:
+    ref = importlib.resources.files("subd").joinpath(*DEMO_CLIP)
+    if not ref.is_file():
+        raise AudioInputError("the bundled demo clip subd/data/demo.wav is missing")
+    return Path(str(ref))
 
 
 def find_ffmpeg() -> str | None:
