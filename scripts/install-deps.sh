@@ -4,8 +4,7 @@
 # speech synthesis (espeak-ng), sox, Chromium (overlay test), systemd-analyze (unit checks),
 # public-domain text for the punctuation model's training recipe, and redis-server (the caption
 # bus: tests and benchmarks start their own instance; no system service is needed); for Chinese:
-# the Noto CJK fonts (overlay test), punctuated Chinese text (fortunes-zh) and opencc
-# (traditional -> simplified before a character error rate: Whisper writes either).
+# the Noto CJK fonts (overlay test) and punctuated Chinese text (fortunes-zh).
 set -euo pipefail
 export DEBIAN_FRONTEND=noninteractive
 apt-get update -qq
@@ -13,6 +12,6 @@ apt-get install -y -qq --no-install-recommends \
   libsndfile1 ffmpeg portaudio19-dev gcc \
   pocketsphinx-testdata espeak-ng sox chromium systemd \
   r-cran-janeaustenr r-cran-stringr r-cran-tokenizers fortunes redis-server \
-  fonts-noto-cjk fortunes-zh opencc >/dev/null
+  fonts-noto-cjk fortunes-zh >/dev/null
 # the distribution may start Redis as a service on install: subd needs none on this machine
 systemctl disable --now redis-server >/dev/null 2>&1 || true

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from subd.errors import ConfigError
-from subd.script import check_language, default_model
+from subd.script import CHINESE_SCRIPTS, check_language, default_model
 from subd.validate import build_section, choice, rng  # noqa: F401 - named here
 
 T = TypeVar("T")
@@ -89,10 +89,11 @@ def nvidia_present() -> bool:
 @register_section("recognizer")
 @dataclass(frozen=True, slots=True)
 class RecognizerConfig:
-    # "" = by language: tiny.en for English, the multilingual base for any other (or auto)
-    model: str = ""
+    model: str = ""  # "" = by language: tiny.en for English, base for any other (or auto)
     # "auto" (identified on each channel's first speech) or an ISO code: en, zh, ja, de, ...
     language: str = "en"
+    # Chinese written in simplified, traditional, taiwan or hongkong script, or as decoded
+    chinese_script: str = field(default="simplified", metadata=choice(*CHINESE_SCRIPTS))
     # "" = subd.recognise.streaming.StreamingRecognizer(model); or "module:callable"
     factory: str = ""
     process: bool = True  # run in its own process (never share the publisher's GIL)
@@ -110,9 +111,8 @@ class RecognizerConfig:
     # 2000 and 3000 encode a third fewer frames (docs/MEASUREMENTS.md, "A smaller cut window")
     encoder_bucket_ms: int = field(default=4000, metadata=rng(20, 30_000))
     trim_after_ms: int = field(default=6000, metadata=rng(500, 20_000))
-    # per update, the cut span above or Whisper's full 30 s input: "auto" (full while it
-    # leaves the due words 0.75 s of right context at this D: subd.pipeline.deadline), "cut",
-    # "full"
+    # per update, the cut span above or Whisper's full 30 s input: "auto" (full while it leaves
+    # the due words 0.75 s of right context at this D: subd.pipeline.deadline), "cut", "full"
     encoder_span: str = field(default="auto", metadata=choice("auto", "cut", "full"))
     history_s: int = field(default=40, metadata=rng(31, 600))  # > Whisper's 30 s window
     start_timeout_s: int = field(default=300, metadata=rng(1, 3600))

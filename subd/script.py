@@ -11,7 +11,9 @@ style guides count a half-width character as half a character, which this gives 
 
 from __future__ import annotations
 
+import functools
 import unicodedata
+from collections.abc import Callable
 
 from subd.errors import ConfigError
 
@@ -89,6 +91,34 @@ def fullwidth_marks(text: str) -> str:
         if ch in FULLWIDTH and i > 0 and is_cjk(chars[i - 1]) and ch not in "()":
             chars[i] = FULLWIDTH[ch]
     return "".join(chars)
+
+
+# [recognizer] chinese_script: the script Chinese is written in, and OpenCC's conversion to it.
+# Whisper writes Mandarin in either script, and changes from one decode to the next ("我认为" in
+# one, "認為" in the next: a caption line of both, and two decodes of the same words that do not
+# agree); "decoded" leaves Whisper's text as it is.
+CHINESE_SCRIPTS = {"simplified": "t2s", "traditional": "s2t", "taiwan": "s2tw",
+                   "hongkong": "s2hk", "decoded": None}
+
+
+def check_chinese_script(value: object, where: str = "[recognizer] chinese_script") -> str:
+    if value not in CHINESE_SCRIPTS:
+        raise ConfigError(f"{where}: {value!r} is not one of {', '.join(CHINESE_SCRIPTS)}")
+    return str(value)
+
+
+@functools.cache
+def _opencc(conversion: str) -> Callable[[str], str]:
+    import opencc
+
+    return opencc.OpenCC(conversion).convert
+
+
+def script_writer(script: str, language: str | None) -> Callable[[str], str] | None:
+    """What writes a decode's text in ``script`` (CHINESE_SCRIPTS) when ``language`` is
+    Chinese; None: the text stays as decoded."""
+    conversion = CHINESE_SCRIPTS[check_chinese_script(script)]
+    return _opencc(conversion) if conversion and language == "zh" else None
 
 
 # Whisper's languages (the <|xx|> tokens of the multilingual vocabulary, large-v3's "yue"

@@ -8,7 +8,7 @@
   window moving on, the commit of a tail at a pause) is what a stream must get right.
 
 The packaged multilingual base transcribes each offline (``subd transcribe --language zh``) and
-streams it with language "zh" and "auto". Character error rates are taken after opencc's
+streams it with language "zh" and "auto". Character error rates are taken after OpenCC's
 traditional -> simplified mapping (Whisper writes either), digits read as Chinese numerals. What
 is asserted is what streaming must not lose: its CER within 2 points of offline transcription of
 the same audio with the same model, "auto" identifying Chinese, and cues that follow the CJK
@@ -68,8 +68,8 @@ GAP_S = 0.75  # silence between the AISHELL utterances
 # ("hen3" -> "hen three"); its pinyin variant speaks the same language with Mandarin sounds
 VOICE = "cmn-latn-pinyin"
 pytestmark = pytest.mark.skipif(
-    not (shutil.which("espeak-ng") and shutil.which("sox") and shutil.which("opencc")),
-    reason="espeak-ng, sox and opencc are needed")
+    not (shutil.which("espeak-ng") and shutil.which("sox")),
+    reason="espeak-ng and sox are needed")
 
 
 
@@ -189,7 +189,9 @@ def test_offline_transcript_is_chinese(offline):
 def test_offline_transcript_of_real_mandarin(aishell):
     """Real read speech: offline base gets nearly all of it (2 of 38 characters wrong: 房 -> 佛,
     介 -> 间), so the stream has a real reference to be held to."""
-    assert cer(aishell["ref"], simplified(aishell["offline"]["text"])) < 0.15
+    text = aishell["offline"]["text"]
+    assert text == simplified(text)  # written in simplified characters, as configured
+    assert cer(aishell["ref"], text) < 0.15
     assert [f for line in aishell["offline"]["srt_lines"] for f in line_faults(line, 16)] == []
 
 
@@ -256,8 +258,10 @@ def test_streamed_cues_follow_cjk_layout(streams, speech, language):
 def test_streamed_cer_within_2_points_of_transcribe(streams, speech, language):
     case, _, hyps = streams(speech, language)
     ref = case["ref"]
-    stream_text = simplified(join_words([w.text for h in hyps for w in h.committed]))
-    offline_text = simplified(case["offline"]["text"])
+    written = join_words([w.text for h in hyps for w in h.committed])
+    # one script, the configured one (chinese_script = "simplified"): Whisper writes either
+    assert written == simplified(written), written
+    stream_text, offline_text = written, simplified(case["offline"]["text"])
     stream_cer, offline_cer = cer(ref, stream_text), cer(ref, offline_text)
     raw = [cer(ref, t, digits_as_numerals=False) for t in (stream_text, offline_text)]
     print(f"\nCER {speech} {language}: stream {stream_cer:.3f}, transcribe {offline_cer:.3f}"
@@ -343,10 +347,14 @@ T0_NS = 10**12
 # with a fast device's costs (300/100 ms, nearly every update on the full input, ~1.4 s after
 # each character) dev 0.122 (城市 -> 尝试), held-out 0.051 (达 -> 打); held-out is met at D = 4 s
 # (0.026) and with a 6 s cut-span pad at 560 ms an update (0.026; dev then 0.204).
+# 2026-12-05: every decode written in one script (chinese_script, simplified) and a committed
+# word re-stated under other word boundaries dropped (commit._restated_characters): held-out
+# 0.103 -> 0.026 ("我认为为跑步" and 达摩 -> 打案 -> 打摩: 1 of 39 left), dev 0.122 and espeak-ng
+# 0.590 (offline 0.480) unchanged.
 DEADLINE_NOT_MET = pytest.mark.xfail(strict=False, reason=(
     "issue 20 acceptance not met on the daemon's path at D = 2 s with base's costs on one core "
-    "(1350/400 ms): zh-dev 0.102 vs 0.082 (虽然 -> 渇然), zh-heldout 0.077 vs 0.026 (达摩 -> "
-    "答案): near-ties offline reads with the whole utterance; espeak-ng 0.640 vs 0.530"))
+    "(1350/400 ms): zh-dev 0.122 vs 0.082 (城市虽然 -> 尝市渇然), zh-heldout 0.026 vs 0.000 (达 "
+    "-> 打): near-ties offline reads with the whole utterance; espeak-ng 0.590 vs 0.480"))
 
 
 class _Published:

@@ -11,7 +11,7 @@ As the English sets, each is one stream: its clips one after another with 0.75 s
 streamed once per D through the pipeline's scheduler and tick clock (``--pace real``: the daemon;
 ``--pace cpu``: a fake clock, ``--update-ms FULL,CUT`` a device of known speed: base int8 on one
 idle core of the 2-core machine is 1350,400), and transcribed offline by the same model
-(``subd transcribe --language zh``'s path). Scored per run, after opencc's traditional ->
+(``subd transcribe --language zh``'s path). Scored per run, after OpenCC's traditional ->
 simplified mapping and with digits read as Chinese numerals (subd.scoring.cer): the CER of the
 published characters, the offline CER and the difference in points (issue 20's acceptance: 2
 points), the characters published later than D (one tick's grace), and the committed latency.
@@ -25,8 +25,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
-import subprocess
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -80,10 +78,9 @@ def build_zh_set(name: str, keys: tuple[str, ...]) -> CharSet:
 
 def simplified(text: str) -> str:
     """``text`` in simplified characters (Whisper writes either; the references are simplified)."""
-    if not text:
-        return text
-    return subprocess.run(["opencc", "-c", "t2s.json"], input=text, capture_output=True,
-                          text=True, check=True).stdout.strip()
+    from subd.script import script_writer
+
+    return script_writer("simplified", "zh")(text).strip()
 
 
 @dataclass(frozen=True, slots=True)
@@ -214,8 +211,6 @@ def run_zh(args: argparse.Namespace, latencies: list[int], streamed: Streamed) -
     from subd.script import check_language, default_model
 
     language = check_language(args.language, "--language")
-    if shutil.which("opencc") is None:
-        raise UserError("--language zh needs opencc (scripts/install-deps.sh)")
     if args.model == "tiny.en":  # the English bench's default: the language's model instead
         args.model = default_model(language)
     elif args.model.endswith(".en"):

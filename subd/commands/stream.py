@@ -12,6 +12,7 @@ from pathlib import Path
 from subd.config import Config, load_config
 from subd.errors import UserError
 from subd.pipeline.ticks import parse_fps, parse_rate
+from subd.script import CHINESE_SCRIPTS
 
 
 def parse_host_port(text: str) -> tuple[str, int]:
@@ -37,6 +38,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    "other languages)")
     p.add_argument("--language", help="ISO code of the speech (en, zh, ja, ...) or auto "
                    "(default: [recognizer] language)")
+    p.add_argument("--chinese-script", choices=tuple(CHINESE_SCRIPTS),
+                   help="the script Chinese is written in (default: [recognizer] "
+                   "chinese_script, simplified)")
     p.add_argument("--device", help="recogniser device: auto, cpu, cuda or cuda:N "
                    "(default: [recognizer] device)")
     p.add_argument("--config", help="configuration file (defaults: built in)")
@@ -68,6 +72,8 @@ def stream_config(args: argparse.Namespace) -> Config:
         rec = with_language(rec, args.language)
     if args.model:
         rec = dataclasses.replace(rec, model=args.model)
+    if args.chinese_script:
+        rec = dataclasses.replace(rec, chinese_script=args.chinese_script)
     if args.language:
         try:
             rec.validate()  # an English-only model asked for another language

@@ -14,6 +14,7 @@ import pysrt
 
 from subd.errors import UserError
 from subd.layout.rules import ABBREVIATIONS
+from subd.script import CHINESE_SCRIPTS
 from subd.types import Cue, TaggedWord, Word
 
 OUTPUT_SUFFIXES = (".srt", ".vtt", ".json")
@@ -33,6 +34,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--language", default="en",
                    help="ISO code of the speech (en, zh, ja, ...; default en) or auto (Whisper "
                    "identifies it on the first speech)")
+    p.add_argument("--chinese-script", default="simplified", choices=tuple(CHINESE_SCRIPTS),
+                   help="the script Chinese is written in (default simplified; decoded: as "
+                   "Whisper wrote it, either)")
     p.add_argument(
         "--format",
         dest="pcm_format",
@@ -212,7 +216,8 @@ def run(args: argparse.Namespace) -> int:
     if not engine.tokenizer.multilingual and language not in ("en", "auto"):
         raise UserError(f"--language {language}: the model {model!r} knows only English "
                         "(use --model base)")
-    transcriber = Transcriber(engine, TranscribeOptions(vad=not args.no_vad, language=language))
+    transcriber = Transcriber(engine, TranscribeOptions(
+        vad=not args.no_vad, language=language, chinese_script=args.chinese_script))
     show = not args.quiet and (total_s is None or total_s > PROGRESS_MIN_S)
     progress = Progress(total_s, enabled=show)
     words: list[Word] = []

@@ -25,7 +25,7 @@ from dataclasses import dataclass, replace
 from typing import Protocol
 
 from subd.models.alignment import WordTiming
-from subd.script import CLOSING
+from subd.script import CLOSING, has_cjk
 from subd.types import Word
 
 NS_PER_MS = 1_000_000
@@ -204,6 +204,28 @@ def after_commit_point(words: list[Word], committed: Sequence[Word], committed_e
     for n in range(min(5, len(out), len(tail)), 0, -1):
         if [norm_word(w.text) for w in out[:n]] == tail[-n:] and \
                 not (deadline and forced and _said_again(out[:n], committed[-n:])):
+            return out[n:]
+    return _restated_characters(out, committed)
+
+
+def _restated_characters(out: list[Word], committed: Sequence[Word]) -> list[Word]:
+    """Chinese and Japanese: a decode re-stating the committed tail may group its characters
+    into other words: "認為" committed, then "认" (dropped by time) and "为" squeezed against
+    the commit point in the next decode ("我认为为跑步"). Leading words whose characters end
+    the committed text, but are not its last words, are dropped, unless they were said again
+    (``_said_again``: a repeated character lies on audio of its own)."""
+    if not has_cjk(out[0].text):
+        return out
+    said = "".join(norm_word(w.text) for w in committed[-5:])
+    for n in range(min(5, len(out)), 0, -1):
+        copy = "".join(norm_word(w.text) for w in out[:n])
+        if not copy or not said.endswith(copy):
+            continue
+        k, chars = 0, 0  # the committed words the copy re-states
+        while chars < len(copy):
+            k += 1
+            chars += len(norm_word(committed[-k].text))
+        if not _said_again(out[:n], committed[-k:]):
             return out[n:]
     return out
 

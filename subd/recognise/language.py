@@ -9,10 +9,11 @@ to reach ``max_wait_ms``, whichever comes first. An English-only model knows onl
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from subd.recognise.cjk_policy import fallback_for, policy_for
-from subd.script import AUTO, check_language
+from subd.script import AUTO, check_language, script_writer
+from subd.types import Word
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,8 +54,9 @@ class LanguageTracker:
 
     def __init__(self, requested: str, engine, *, span=None, min_speech_ms: int = 1000,
                  decide_speech_ms: int = 3000, max_wait_ms: int = 4000,
-                 sure_probability: float = 0.5) -> None:
+                 sure_probability: float = 0.5, script: str = "simplified") -> None:
         self.engine = engine
+        self.script = script  # Chinese: subd.script.CHINESE_SCRIPTS
         self.span = span
         # a stand-in engine (tests) may have no tokenizer: it is English-only then
         multilingual = getattr(getattr(engine, "tokenizer", None), "multilingual", False)
@@ -79,6 +81,11 @@ class LanguageTracker:
         """The decode's ``policy`` (a models.engine.FallbackPolicy) as applied to this language
         (subd.recognise.cjk_policy.fallback_for)."""
         return fallback_for(policy, self.choice.language, deadline_mode, speech_after_commit)
+
+    def written(self, words: list[Word]) -> list[Word]:
+        """A decode's ``words`` in the channel's script (Chinese: ``script``)."""
+        write = script_writer(self.script, self.choice.language)
+        return words if write is None else [replace(w, text=write(w.text)) for w in words]
 
     def resolve(self, window, vad, sample_rate_hz: int = 16_000) -> str | None:
         """The language to decode ``window`` (float32 [n]) in; None: "auto" has not heard enough

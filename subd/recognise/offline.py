@@ -18,6 +18,7 @@ from subd.models.decoding import detect_language
 from subd.models.engine import WINDOW_SAMPLES, WhisperEngine
 from subd.models.tokenizer import TIME_PRECISION_S
 from subd.recognise.vad import VoiceActivityDetector
+from subd.script import script_writer
 from subd.types import SAMPLE_RATE_HZ, Word, samples_to_ns
 
 INPUT_STRIDE_FRAMES = 2  # mel frames per encoder frame (one timestamp step = 2 × 10 ms)
@@ -40,6 +41,7 @@ class TranscribeOptions:
     word_timestamps: bool = True
     # None: the engine's language; "auto": identified on the first window with speech and kept
     language: str | None = None
+    chinese_script: str = "simplified"  # subd.script.CHINESE_SCRIPTS
 
 
 def _split_segments(
@@ -159,6 +161,7 @@ class Transcriber:
         timings = (eng.align(feats, text_tokens, n_frames, language=self.language)
                    if self.options.word_timestamps else [])
         window_s = n / SAMPLE_RATE_HZ
+        write = script_writer(self.options.chinese_script, self.language) or (lambda t: t)
         segments = []
         cursor = 0
         for start_step, end_step, piece in pieces:
@@ -173,7 +176,7 @@ class Transcriber:
                 cursor += 1
                 words.append(
                     Word(
-                        text=w.text.strip(),
+                        text=write(w.text.strip()),
                         start_ns=samples_to_ns(start_sample) + int(min(w.start_s, window_s) * 1e9),
                         end_ns=samples_to_ns(start_sample) + int(min(w.end_s, window_s) * 1e9),
                         probability=w.probability,
@@ -185,7 +188,7 @@ class Transcriber:
                 Segment(
                     start_ns=samples_to_ns(start_sample) + int(min(seg_start_s, window_s) * 1e9),
                     end_ns=samples_to_ns(start_sample) + int(min(seg_end_s, window_s) * 1e9),
-                    text=eng.tokenizer.decode(piece_text).strip(),
+                    text=write(eng.tokenizer.decode(piece_text).strip()),
                     words=tuple(words),
                 )
             )

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from subd.script import check_chinese_script
 from subd.validate import check_choice, check_range
 
 
@@ -60,6 +61,7 @@ class StreamingConfig:
     encoder_bucket_ms: int = 4000
     # "auto" (identified on the first speech, subd.recognise.language) or an ISO code
     language: str = "en"
+    chinese_script: str = "simplified"  # subd.script.CHINESE_SCRIPTS
 
     def __post_init__(self) -> None:
         for key, lo, hi in (
@@ -81,3 +83,4 @@ class StreamingConfig:
         for key in ("agree_min_probability", "confident_min_probability"):
             check_range("recognizer", key, getattr(self, key), 0.0, 1.0)
         check_choice("recognizer", "precision", self.precision, ("int8", "fp32"))
+        check_chinese_script(self.chinese_script)

@@ -93,7 +93,8 @@ class StreamingRecognizer:
         self._audio: AudioHistory | HistoryReader | None = None  # see the audio property
         self.vad = VoiceActivityDetector() if c.vad else None
         self.span = EncoderSpan(c.encoder_pad_ms, c.encoder_bucket_ms)
-        self.languages = LanguageTracker(c.language, self.engine, span=self.span)
+        self.languages = LanguageTracker(c.language, self.engine, span=self.span,
+                                         script=c.chinese_script)
         self.state = _State()
         self.n_decodes = 0
         self.n_capped = 0  # decodes stopped by the window's token budget
@@ -242,7 +243,7 @@ class StreamingRecognizer:
         self.n_decodes += 1
         self.n_capped += result.decode.capped
         offset_ns = samples_to_ns(st.window_start)
-        words = hypothesis_words(result.words, offset_ns)
+        words = self.languages.written(hypothesis_words(result.words, offset_ns))
         # deadline mode takes due words from one hypothesis: looped copies dropped (commit.py)
         if self.deadline_mode:
             words = self._heard(stacked_tail_cut(words, offset_ns + samples_to_ns(len(window))))

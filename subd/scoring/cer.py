@@ -1,7 +1,7 @@
 """Character error rate for scripts without spaces (Chinese, Japanese): the usual measure where
 "words" are not written. Marks and spaces are not counted; a Latin word counts as one unit, as
 in word error rate. Traditional and simplified Chinese are one spelling only if the caller
-converts them first (Whisper writes either; ``opencc -c t2s.json`` maps one to the other).
+converts them first (Whisper writes either; OpenCC's ``t2s`` maps one to the other: subd.script).
 
 Numbers are compared digit by digit in Chinese numerals, in the reference and the hypothesis
 alike: Whisper writes the digits its subtitles were written in ("12 线城市"), AISHELL's

@@ -41,6 +41,7 @@ class ChannelContext:
         spec = self.recogniser_spec or recognizer_spec(cfg.model, cfg.factory,
                                                        **cfg.window_options(),
                                                        language=cfg.language,
+                                                       chinese_script=cfg.chinese_script,
                                                        precision=cfg.precision)
         where = {"history_name": history.shm_name} if cfg.process else {"history": history}
         return FactorySpec("subd.workers.hosts:RecogniserHost",
