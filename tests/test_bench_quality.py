@@ -178,3 +178,28 @@ def test_each_repeat_hears_the_streams_later_by_a_step_of_silence(monkeypatch):
     for run in (first, later):
         assert run.wer_pct < 30
         assert 2.0 <= run.latency_s["p50"] and run.latency_s["max"] < 2.5
+
+
+def test_the_offline_baseline_gets_the_same_draws_as_the_stream(monkeypatch):
+    """``--repeats``: offline transcribes each stream after the same r x 150 ms of silence as
+    the streamed runs (its windows then fall elsewhere on the speech too), and its row is the
+    runs' mean, as the streamed rows are; it has no latency."""
+    import argparse
+
+    from subd.bench import quality
+    from subd.bench.quality_sets import offline_engine
+
+    args = argparse.Namespace(per_clip=True, repeats=2)
+    sset = build_set("heldout", ("speech/jfk",))
+    leads = []
+    real = quality.offline_run
+
+    def offline_run(sset, engine, per_clip=False, lead_ms=0):
+        leads.append(lead_ms)
+        return real(sset, engine, per_clip, lead_ms)
+
+    monkeypatch.setattr(quality, "offline_run", offline_run)
+    row = quality.offline_runs(sset, offline_engine("tiny.en", None), args)
+    assert leads == [0, quality.LEAD_STEP_MS]
+    assert len(row.wer_runs) == 2 and row.wer_pct == sum(row.wer_runs) / 2
+    assert all(w < 30 for w in row.wer_runs) and row.latency_s == {}

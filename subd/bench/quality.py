@@ -65,8 +65,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--json", help="write the figures here as JSON")
     p.add_argument("--show", action="store_true", help="print each run's text")
     p.add_argument("--repeats", type=int, default=1,
-                   help="stream each D this many times, run r after r x 150 ms of silence: "
-                        "WER/F1 means, worst drops (default 1)")
+                   help="stream each D (and transcribe offline) this many times, run r "
+                        "after r x 150 ms of silence: WER/F1 means, worst drops (default 1)")
     p.add_argument("--span", choices=("config", "auto", "cut", "full"), default="config",
                    help="[recognizer] encoder_span for the streamed runs (config: as the "
                         "configuration says)")
@@ -217,12 +217,25 @@ def recognizer_overrides(items: list[str]) -> dict:
 
 def stream_runs(sset: SpeechSet, latency_ms: int, args) -> RunScore:
     """``--repeats`` runs of one D: a streamed run's decisions depend on when each update's
-    result comes in, so one run is one draw. WER and F1 are the runs' means (``wer_runs``
-    lists each), dropped spans and full stops inside sentences the worst run's, latency is
-    over every run's words; the text shown is the first run's. Run r hears each stream after r x
-    LEAD_STEP_MS of silence: on the fake clock the same audio gives the same decisions, so
-    only the phase of the updates against the speech makes another draw."""
-    runs = [stream_run(sset, latency_ms, args, r * LEAD_STEP_MS) for r in range(args.repeats)]
+    result comes in, so one run is one draw. Run r hears each stream after r x LEAD_STEP_MS of
+    silence: on the fake clock the same audio gives the same decisions, so only the phase of
+    the updates against the speech makes another draw (pooled: ``pooled_runs``)."""
+    return pooled_runs([stream_run(sset, latency_ms, args, r * LEAD_STEP_MS)
+                        for r in range(args.repeats)])
+
+
+def offline_runs(sset: SpeechSet, engine, args) -> RunScore:
+    """The offline baseline given the same draws as the streamed runs: run r transcribes each
+    stream after r x LEAD_STEP_MS of silence (Whisper's 30 s windows then fall elsewhere on the
+    speech, and offline too reads some words otherwise)."""
+    return pooled_runs([offline_run(sset, engine, args.per_clip, r * LEAD_STEP_MS)
+                        for r in range(args.repeats)])
+
+
+def pooled_runs(runs: list[RunScore]) -> RunScore:
+    """Several runs of one kind as one row: WER and F1 are the runs' means (``wer_runs`` lists
+    each), dropped spans and full stops inside sentences the worst run's, latency is over every
+    run's words; the text shown is the first run's."""
     if len(runs) == 1:
         return runs[0]
     worst = max(runs, key=lambda r: (len(r.dropped), r.stops_inside))
@@ -231,9 +244,18 @@ def stream_runs(sset: SpeechSet, latency_ms: int, args) -> RunScore:
                    worst.dropped, max(r.stops_inside for r in runs),
                    max(r.stops_at_semicolon for r in runs), text=runs[0].text)
     lat = np.concatenate([r.latency_samples for r in runs])
-    out.latency_s = latency_summary(lat)
+    out.latency_s = latency_summary(lat) if lat.size else {}
+    out.latency_samples = lat
     out.wer_runs = [r.wer_pct for r in runs]
     return out
+
+
+def _after_silence(part, lead_ms: int):
+    """``part`` (a stream of the set) heard after ``lead_ms`` of silence."""
+    if not lead_ms:
+        return part
+    lead = np.zeros(lead_ms * SAMPLE_RATE_HZ // 1000, np.float32)
+    return dataclasses.replace(part, audio=np.concatenate([lead, part.audio]))
 
 
 def streamed(sset, latency_ms: int, args, seen=None) -> tuple[list, int]:
@@ -251,10 +273,7 @@ def stream_run(sset: SpeechSet, latency_ms: int, args, lead_ms: int = 0) -> RunS
     words scored together in the set's order; each stream after ``lead_ms`` of silence."""
     words, lat = [], []
     for part in sset.streams(args.per_clip):
-        if lead_ms:
-            lead = np.zeros(lead_ms * SAMPLE_RATE_HZ // 1000, np.float32)
-            part = dataclasses.replace(part, audio=np.concatenate([lead, part.audio]))
-        part_words, t0_ns = streamed(part, latency_ms, args)
+        part_words, t0_ns = streamed(_after_silence(part, lead_ms), latency_ms, args)
         words += part_words
         lat += [(sent - t0_ns - end) / 1e9 for _, _, end, sent in part_words]
     sc = score_words(sset, [(t, p) for t, p, _, _ in words])
@@ -264,12 +283,13 @@ def stream_run(sset: SpeechSet, latency_ms: int, args, lead_ms: int = 0) -> RunS
     return sc
 
 
-def offline_run(sset: SpeechSet, engine, per_clip: bool = False) -> RunScore:
+def offline_run(sset: SpeechSet, engine, per_clip: bool = False, lead_ms: int = 0) -> RunScore:
     from subd.recognise.offline import TranscribeOptions, Transcriber
 
     words = []
     for part in sset.streams(per_clip):
-        for seg in Transcriber(engine, TranscribeOptions()).transcribe_blocks([part.audio]):
+        audio = _after_silence(part, lead_ms).audio
+        for seg in Transcriber(engine, TranscribeOptions()).transcribe_blocks([audio]):
             words += seg.words
     return score_words(sset, [(w.text, None) for w in words])
 
@@ -315,7 +335,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"{sset.name}: {len(sset.audio) / 16000:.1f} s, {len(sset.words)} words"
               + (f", {len(sset.clips)} streams" if args.per_clip and sset.clips else ""),
               flush=True)
-        res = {"offline": offline_run(sset, engine, args.per_clip)}
+        res = {"offline": offline_runs(sset, engine, args)}
         for d in latencies:
             res[f"{d}"] = stream_runs(sset, d, args)
             print(_row(f"{d}", res[f"{d}"]), flush=True)
