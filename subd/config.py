@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from subd.errors import ConfigError
-from subd.script import CHINESE_SCRIPTS, check_language, default_model
+from subd.script import CHINESE_SCRIPTS, DEFAULT_CHINESE_SCRIPT, check_language, default_model
 from subd.validate import build_section, choice, rng  # noqa: F401 - named here
 
 T = TypeVar("T")
@@ -93,7 +93,7 @@ class RecognizerConfig:
     # "auto" (identified on each channel's first speech) or an ISO code: en, zh, ja, de, ...
     language: str = "en"
     # Chinese written in simplified, traditional, taiwan or hongkong script, or as decoded
-    chinese_script: str = field(default="simplified", metadata=choice(*CHINESE_SCRIPTS))
+    chinese_script: str = field(default=DEFAULT_CHINESE_SCRIPT, metadata=choice(*CHINESE_SCRIPTS))
     # "" = subd.recognise.streaming.StreamingRecognizer(model); or "module:callable"
     factory: str = ""
     process: bool = True  # run in its own process (never share the publisher's GIL)

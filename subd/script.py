@@ -99,6 +99,7 @@ def fullwidth_marks(text: str) -> str:
 # agree); "decoded" leaves Whisper's text as it is.
 CHINESE_SCRIPTS = {"simplified": "t2s", "traditional": "s2t", "taiwan": "s2tw",
                    "hongkong": "s2hk", "decoded": None}
+DEFAULT_CHINESE_SCRIPT = "simplified"
 
 
 def check_chinese_script(value: object, where: str = "[recognizer] chinese_script") -> str:

@@ -14,7 +14,7 @@ import pysrt
 
 from subd.errors import UserError
 from subd.layout.rules import ABBREVIATIONS
-from subd.script import CHINESE_SCRIPTS
+from subd.script import CHINESE_SCRIPTS, DEFAULT_CHINESE_SCRIPT
 from subd.types import Cue, TaggedWord, Word
 
 OUTPUT_SUFFIXES = (".srt", ".vtt", ".json")
@@ -34,7 +34,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--language", default="en",
                    help="ISO code of the speech (en, zh, ja, ...; default en) or auto (Whisper "
                    "identifies it on the first speech)")
-    p.add_argument("--chinese-script", default="simplified", choices=tuple(CHINESE_SCRIPTS),
+    p.add_argument("--chinese-script", default=DEFAULT_CHINESE_SCRIPT,
+                   choices=tuple(CHINESE_SCRIPTS),
                    help="the script Chinese is written in (default simplified; decoded: as "
                    "Whisper wrote it, either)")
     p.add_argument(

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from subd.recognise.cjk_policy import fallback_for, policy_for
-from subd.script import AUTO, check_language, script_writer
+from subd.script import AUTO, DEFAULT_CHINESE_SCRIPT, check_language, script_writer
 from subd.types import Word
 
 
@@ -54,7 +54,7 @@ class LanguageTracker:
 
     def __init__(self, requested: str, engine, *, span=None, min_speech_ms: int = 1000,
                  decide_speech_ms: int = 3000, max_wait_ms: int = 4000,
-                 sure_probability: float = 0.5, script: str = "simplified") -> None:
+                 sure_probability: float = 0.5, script: str = DEFAULT_CHINESE_SCRIPT) -> None:
         self.engine = engine
         self.script = script  # Chinese: subd.script.CHINESE_SCRIPTS
         self.span = span

@@ -18,7 +18,7 @@ from subd.models.decoding import detect_language
 from subd.models.engine import WINDOW_SAMPLES, WhisperEngine
 from subd.models.tokenizer import TIME_PRECISION_S
 from subd.recognise.vad import VoiceActivityDetector
-from subd.script import script_writer
+from subd.script import DEFAULT_CHINESE_SCRIPT, script_writer
 from subd.types import SAMPLE_RATE_HZ, Word, samples_to_ns
 
 INPUT_STRIDE_FRAMES = 2  # mel frames per encoder frame (one timestamp step = 2 × 10 ms)
@@ -41,7 +41,7 @@ class TranscribeOptions:
     word_timestamps: bool = True
     # None: the engine's language; "auto": identified on the first window with speech and kept
     language: str | None = None
-    chinese_script: str = "simplified"  # subd.script.CHINESE_SCRIPTS
+    chinese_script: str = DEFAULT_CHINESE_SCRIPT  # subd.script.CHINESE_SCRIPTS
 
 
 def _split_segments(

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from subd.script import check_chinese_script
+from subd.script import DEFAULT_CHINESE_SCRIPT, check_chinese_script
 from subd.validate import check_choice, check_range
 
 
@@ -61,7 +61,7 @@ class StreamingConfig:
     encoder_bucket_ms: int = 4000
     # "auto" (identified on the first speech, subd.recognise.language) or an ISO code
     language: str = "en"
-    chinese_script: str = "simplified"  # subd.script.CHINESE_SCRIPTS
+    chinese_script: str = DEFAULT_CHINESE_SCRIPT  # subd.script.CHINESE_SCRIPTS
 
     def __post_init__(self) -> None:
         for key, lo, hi in (
