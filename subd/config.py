@@ -108,12 +108,12 @@ class RecognizerConfig:
     encoder_pad_ms: int = field(default=2000, metadata=rng(0, 30_000))
     # ... rounded up to this bucket (few encoder shapes recur); and the committed audio the
     # window keeps before it moves on (the cut span's left context). Many channels on one GPU:
-    # 2000 and 3000 encode a third fewer frames (docs/MEASUREMENTS.md, "A smaller cut window")
+    # 2000 and 3000 encode far fewer frames (docs/MEASUREMENTS.md, "A smaller cut window")
     encoder_bucket_ms: int = field(default=4000, metadata=rng(20, 30_000))
-    trim_after_ms: int = field(default=6000, metadata=rng(500, 20_000))
-    # per update, the cut span above or Whisper's full 30 s input: "auto" (full while it leaves
-    # the due words 0.75 s of right context at this D: subd.pipeline.deadline), "cut", "full"
-    encoder_span: str = field(default="auto", metadata=choice("auto", "cut", "full"))
+    trim_after_ms: int = field(default=15000, metadata=rng(500, 20_000))
+    # per update: the cut span above (reads as well, costs less), Whisper's full 30 s input, or
+    # "auto" (full while the due words keep 0.75 s of right context): subd.pipeline.deadline
+    encoder_span: str = field(default="cut", metadata=choice("auto", "cut", "full"))
     history_s: int = field(default=40, metadata=rng(31, 600))  # > Whisper's 30 s window
     start_timeout_s: int = field(default=300, metadata=rng(1, 3600))
     # where the recogniser runs: "auto" (the first GPU if torch sees one, else the CPU),

@@ -30,7 +30,7 @@ def test_the_window_keys_reach_each_channels_recogniser(tmp_path):
 
 def test_the_defaults_are_the_streaming_recognisers(tmp_path):
     rec = _context(tmp_path, "").recogniser_host(AudioHistory(40 * 16_000)).build().recognizer
-    assert (rec.span, rec.config.trim_after_ms) == (EncoderSpan(2000, 4000), 6000)
+    assert (rec.span, rec.config.trim_after_ms) == (EncoderSpan(2000, 4000), 15000)
 
 
 @pytest.mark.parametrize(("key", "value"), [("trim_after_ms", 100), ("encoder_bucket_ms", 0)])

@@ -89,7 +89,7 @@ class Setup:
     duration_s: float
     ramp_s: float
     fps: str = "30"
-    encoder_span: str = "auto"
+    encoder_span: str = "cut"
 
 
 class Channels:

@@ -48,7 +48,7 @@ class TickSettings:
     lookahead_ms: int = 150
     rate: Fraction = Fraction(1)  # audio seconds per wall second (file --speed)
     min_update_ms: int = 200
-    encoder_span: str = "auto"  # [recognizer] encoder_span (subd.pipeline.deadline)
+    encoder_span: str = "cut"  # [recognizer] encoder_span (subd.pipeline.deadline)
     # [recognizer] update_cost_ms: 0 = measured; N: planned as N ms, sent on the audio's clock
     update_cost_ms: int = 0
     miss_tolerance_ms: float = 0.0  # 0: half a tick period

@@ -8,20 +8,27 @@ include queueing behind other channels).
 
 The encoder span is chosen here too, per update (``[recognizer] encoder_span``):
 
-* ``"cut"``: the recogniser's own span (the window plus ``encoder_pad_ms``, rounded up): cheap,
-  but Whisper never saw a cut input in training and misreads more words (LibriVox "ill-disposed"
-  read "old-sposed", a stream's first word left out).
-* ``"full"``: Whisper's whole 30 s input, as offline transcription: the offline engine's
-  reading, at two to three times the cost on a CPU (fewer, fuller updates).
-* ``"auto"`` (default): full whenever that still leaves the due words ``FULL_SPAN_CONTEXT_NS``
-  of right context (or, for a channel that waits behind others, nearly as much as the cut span
-  would); otherwise the cut span. A word decided with ~1 s of right context on the
-  full input reads like offline: ``subd bench quality --pace cpu`` (tiny.en int8, one core),
-  D = 2 s: WER dev 6.1 % / held-out 5.4 % full, offline 6.1 / 5.4, cut 7.8 / 8.6. At D = 1 s
-  the full input (0.4 s an update) leaves ~0 s of right context and the two are even (dev WER
-  8.7-12.2 % full over 3 runs, 7.8-16.5 % cut over 4); a threshold of 0 there made the choice
-  flap from update to update, so 0.75 s keeps D = 1 s on the cut span and D = 2 s on the full
-  input on that machine. On a GPU (both spans cost little) it is the full input at every D.
+* ``"cut"`` (default): the recogniser's own span, the window plus ``encoder_pad_ms``, rounded up
+  to ``encoder_bucket_ms``; the window keeps up to ``trim_after_ms`` (15 s) of committed audio,
+  the sentence the due words belong to. Its cost grows with the window (tiny.en int8 on one core
+  of the 2-core Xeon: 0.09-0.17 s an update at p50, against 0.28-0.30 s for the full input).
+* ``"full"``: Whisper's whole 30 s input, as offline transcription: the same cost whatever the
+  window holds.
+* ``"auto"``: full whenever that still leaves the due words ``FULL_SPAN_CONTEXT_NS`` of right
+  context (or, for a channel that waits behind others, nearly as much as the cut span would);
+  otherwise the cut span. At D = 1 s on that core the full input leaves ~0 s of right context;
+  a threshold of 0 made the choice flap from update to update, so 0.75 s keeps D = 1 s on the
+  cut span and D = 2 s on the full input there. On a GPU (both spans cost little) it is the
+  full input at every D.
+
+``"auto"`` was the default until 2026-12-05; it was chosen on the joined sets when the cut span
+kept only 6 s and still misread a stream's first words. Measured since (``subd bench quality
+--pace cpu --repeats 3``, three draws, WER dev / held-out, docs/MEASUREMENTS.md "The cut span
+by default"): each clip a stream at D = 2 s, auto 7.0 / 6.9 %, cut (15 s kept) 6.1 / 6.0 %
+(offline, the same draws, 4.2 / 5.9 %); one long stream over six draws auto 6.4 / 7.9 %, cut
+6.2 / 6.2 % (offline 4.3 / 6.0), ',' F1 0.40 / 0.55 against 0.62 / 0.64. Whisper reads a word
+as well from the window with its sentence as from the whole 30 s, and the updates cost less, so
+words get more right context.
 
 Both kinds are measured on the channel's first two decoded updates, and the one not in use is
 measured again every ``PROBE_EVERY`` updates (load and devices change); until measured, a kind
@@ -112,7 +119,7 @@ class UpdatePlan:
 
 
 class UpdatePlanner:
-    def __init__(self, span: str = "auto", min_update_ms: int = 200,
+    def __init__(self, span: str = "cut", min_update_ms: int = 200,
                  shared: bool | Callable[[], bool] = False, planned_cost_ms: int = 0) -> None:
         if span not in SPANS:
             raise ValueError(f"encoder span {span!r}: one of {', '.join(SPANS)}")
