@@ -339,7 +339,8 @@ def test_a_planned_update_cost_makes_the_captions_depend_on_the_audio_alone():
     for name, cost in costs.items():
         tagger = SeenByTagger()
         sink, recognizer, counters = _run_pipeline(2000, 9.0, 20, cost, tagger=tagger,
-                                                   min_update_ms=520, update_cost_ms=500)
+                                                   min_update_ms=520, update_cost_ms=500,
+                                                   encoder_span="auto")
         tagged[name] = tagger.seen
         shown = [(tw.word, s.k) for s in sink.states for tw in s.committed]
         assert [w.text for w, _ in shown] == [w.text for w in recognizer.words]
@@ -404,7 +405,8 @@ def test_the_encoder_span_follows_the_right_context_the_deadline_leaves(
     tick."""
     cost_ms = {True: full_ms, False: 120}
     sink, recognizer, _ = _run_pipeline(
-        latency_ms, 8.0, 15, lambda r: cost_ms[getattr(r, "full_span", False)] * MS)
+        latency_ms, 8.0, 15, lambda r: cost_ms[getattr(r, "full_span", False)] * MS,
+        encoder_span="auto")
     steady = recognizer.spans[3:]  # after the first costs are measured
     assert steady and all(s == want_full for s in steady)
     grid = TickGrid.create("30", T0_NS, latency_ms, 150)

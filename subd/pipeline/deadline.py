@@ -21,14 +21,14 @@ The encoder span is chosen here too, per update (``[recognizer] encoder_span``):
   cut span and D = 2 s on the full input there. On a GPU (both spans cost little) it is the
   full input at every D.
 
-``"auto"`` was the default until 2026-12-05; it was chosen on the joined sets when the cut span
-kept only 6 s and still misread a stream's first words. Measured since (``subd bench quality
---pace cpu --repeats 3``, three draws, WER dev / held-out, docs/MEASUREMENTS.md "The cut span
-by default"): each clip a stream at D = 2 s, auto 7.0 / 6.9 %, cut (15 s kept) 6.1 / 6.0 %
-(offline, the same draws, 4.2 / 5.9 %); one long stream over six draws auto 6.4 / 7.9 %, cut
-6.2 / 6.2 % (offline 4.3 / 6.0), ',' F1 0.40 / 0.55 against 0.62 / 0.64. Whisper reads a word
-as well from the window with its sentence as from the whole 30 s, and the updates cost less, so
-words get more right context.
+``"auto"`` was the default until 2026-12-05; it was chosen on the joined sets, one draw, when the
+cut span kept 6 s and still lost a stream's first words. Measured since (``subd bench quality
+--pace cpu --repeats 3``, every update its own CPU time, three draws, WER dev / held-out,
+docs/MEASUREMENTS.md "The cut span by default"), D = 2 s: each clip a stream, auto 6.9 / 7.7 %,
+cut with 15 s kept 6.1 / 6.0 % (offline, the same draws, 4.2 / 5.9 %); the sets joined as one
+long stream, auto 6.4 / 6.9 %, cut 6.1 / 5.7 % (offline 3.7 / 5.5), ',' F1 0.40 / 0.61 against
+0.58 / 0.65. Whisper reads a word as well from the window with its sentence as from the whole
+30 s, and the cheaper updates leave the words more right context.
 
 Both kinds are measured on the channel's first two decoded updates, and the one not in use is
 measured again every ``PROBE_EVERY`` updates (load and devices change); until measured, a kind
