@@ -33,6 +33,7 @@ import soundfile as sf
 
 from subd.bench.quality_zh import simplified
 from subd.clock import FakeClock
+from subd.config import RecognizerConfig
 from subd.history import AudioHistory
 from subd.layout.cjk import line_faults
 from subd.layout.cues import CueLayout
@@ -382,7 +383,8 @@ def daemon_path(engine: WhisperEngine, audio: np.ndarray, language: str,
     clock = FakeClock(start_ns=T0_NS)
     history = AudioHistory(40 * 16000)  # [recognizer] history_s
     spec = FactorySpec("subd.recognise.streaming:StreamingRecognizer",
-                       {"model": "base", "engine": engine, "language": language})
+                       {"model": "base", "engine": engine, "language": language,
+                        **RecognizerConfig().window_options()})  # the daemon's window
     recogniser = RecogniserHost(spec, history.capacity, history=history, measure_costs=False)
     # what that core measures before the first words (subd.recognise.warmup), as modelled
     recogniser.update_costs = UpdateCosts(full_ns=BASE_UPDATE_MS[True] * 1_000_000,

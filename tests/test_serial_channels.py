@@ -180,9 +180,9 @@ def test_a_slow_cut_span_does_not_make_the_unmeasured_full_input_look_as_cheap()
 
 def test_a_channel_alone_on_the_shared_recogniser_is_planned_as_one_on_its_own():
     """The daemon gives every channel a ChannelWorker onto its shared recogniser, also when it
-    runs one channel (`subd stream`): that channel is planned as one alone (the full input
-    measured first, as `subd bench quality` measures it), and as shared once a second channel
-    attaches."""
+    runs one channel (`subd stream`): that channel is planned as one alone (on encoder_span
+    "auto", the full input measured first, as `subd bench quality` measures it), and as shared
+    once a second channel attaches."""
 
     async def main() -> list[bool]:
         clock = FakeClock(start_ns=T0_NS)
@@ -197,7 +197,7 @@ def test_a_channel_alone_on_the_shared_recogniser_is_planned_as_one_on_its_own()
                                               {"n_words": 3}),
                     "history_capacity": history.capacity, "history": history}))
             pipeline = Pipeline(
-                clock=clock, settings=TickSettings(latency_ms=D_MS),
+                clock=clock, settings=TickSettings(latency_ms=D_MS, encoder_span="auto"),
                 source=FileSource(np.zeros(SAMPLE_RATE_HZ, np.float32)), recogniser=worker,
                 tagger=InlineWorker("tag", TagHost(None), clock), history=history,
                 sinks=[ListSink()])
