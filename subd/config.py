@@ -23,6 +23,7 @@ from typing import Any, TypeVar
 
 from subd.errors import ConfigError
 from subd.script import CHINESE_SCRIPTS, DEFAULT_CHINESE_SCRIPT, check_language, default_model
+from subd.types import DEFAULT_ENCODER_SPAN, ENCODER_SPANS
 from subd.validate import build_section, choice, rng  # noqa: F401 - named here
 
 T = TypeVar("T")
@@ -111,9 +112,8 @@ class RecognizerConfig:
     # 2000 and 3000 encode far fewer frames (docs/MEASUREMENTS.md, "A smaller cut window")
     encoder_bucket_ms: int = field(default=4000, metadata=rng(20, 30_000))
     trim_after_ms: int = field(default=15000, metadata=rng(500, 20_000))
-    # per update: the cut span above (reads as well, costs less), Whisper's full 30 s input, or
-    # "auto" (full while the due words keep 0.75 s of right context): subd.pipeline.deadline
-    encoder_span: str = field(default="cut", metadata=choice("auto", "cut", "full"))
+    # per update: the cut span above, Whisper's full 30 s input, or "auto" (subd.pipeline.deadline)
+    encoder_span: str = field(default=DEFAULT_ENCODER_SPAN, metadata=choice(*ENCODER_SPANS))
     history_s: int = field(default=40, metadata=rng(31, 600))  # > Whisper's 30 s window
     start_timeout_s: int = field(default=300, metadata=rng(1, 3600))
     # where the recogniser runs: "auto" (the first GPU if torch sees one, else the CPU),

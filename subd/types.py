@@ -76,6 +76,11 @@ class Hypothesis:
     audio_end_ns: int
 
 
+# [recognizer] encoder_span: what each update encodes (subd.pipeline.deadline)
+ENCODER_SPANS = ("auto", "cut", "full")
+DEFAULT_ENCODER_SPAN = "cut"
+
+
 @dataclass(frozen=True, slots=True)
 class UpdateCosts:
     """What one recogniser update took, by encoder span, measured by the recogniser's process

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from subd.types import SAMPLE_RATE_HZ
+from subd.types import DEFAULT_ENCODER_SPAN, SAMPLE_RATE_HZ
 
 NS_PER_MS = 1_000_000
 NS_PER_S = 1_000_000_000
@@ -89,7 +89,7 @@ class Setup:
     duration_s: float
     ramp_s: float
     fps: str = "30"
-    encoder_span: str = "cut"
+    encoder_span: str = DEFAULT_ENCODER_SPAN
 
 
 class Channels:

@@ -39,7 +39,7 @@ from subd.bench.quality_sets import (
 )
 from subd.bench.quality_zh import LEAD_STEP_MS, run_zh
 from subd.errors import UserError
-from subd.types import SAMPLE_RATE_HZ
+from subd.types import ENCODER_SPANS, SAMPLE_RATE_HZ
 
 LATENCIES_MS = (500, 1000, 2000, 4000)
 TAG_MODEL_NS = 5_000_000  # a tag pass with --update-ms (see _stream_cpu)
@@ -67,7 +67,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--repeats", type=int, default=1,
                    help="stream each D (and transcribe offline) this many times, run r "
                         "after r x 150 ms of silence: WER/F1 means, worst drops (default 1)")
-    p.add_argument("--span", choices=("config", "auto", "cut", "full"), default="config",
+    p.add_argument("--span", choices=("config", *ENCODER_SPANS), default="config",
                    help="[recognizer] encoder_span for the streamed runs (config: as the "
                         "configuration says)")
     p.add_argument("--min-update-ms", metavar="MS|gpu",

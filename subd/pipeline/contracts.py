@@ -14,7 +14,7 @@ from fractions import Fraction
 from typing import Any, Protocol
 
 from subd.clock import Clock
-from subd.types import CaptionState
+from subd.types import DEFAULT_ENCODER_SPAN, CaptionState
 from subd.workers.hosts import RecogniseResult
 
 PREPARE_NS = 4_000_000  # the state is built at T(k) − 4 ms, then the publisher spins to T(k)
@@ -48,7 +48,7 @@ class TickSettings:
     lookahead_ms: int = 150
     rate: Fraction = Fraction(1)  # audio seconds per wall second (file --speed)
     min_update_ms: int = 200
-    encoder_span: str = "cut"  # [recognizer] encoder_span (subd.pipeline.deadline)
+    encoder_span: str = DEFAULT_ENCODER_SPAN  # [recognizer] encoder_span (subd.pipeline.deadline)
     # [recognizer] update_cost_ms: 0 = measured; N: planned as N ms, sent on the audio's clock
     update_cost_ms: int = 0
     miss_tolerance_ms: float = 0.0  # 0: half a tick period

@@ -68,7 +68,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from subd.pipeline.ticks import NS_PER_MS, TickGrid
-from subd.types import UpdateCosts
+from subd.types import DEFAULT_ENCODER_SPAN, ENCODER_SPANS, UpdateCosts
 
 # An update is expected to cost the 70th percentile of the last 10 round trips of its kind,
 # plus a margin for the event loop to integrate the result. The slowest of the 10 gave words
@@ -97,7 +97,6 @@ FULL_SPAN_HYSTERESIS_NS = 300_000_000
 # updates (~1 min at 200 ms): the span not in use is measured again. A probe of the full input
 # where it loses costs that update's due words right context
 PROBE_EVERY = 300
-SPANS = ("auto", "cut", "full")
 # how long after an update was sent the next result came in: the last HORIZONS_KEPT of them,
 # and the next result is expected no sooner than the largest (where round trips are steady, as
 # on one CPU core, that is the estimate from the two costs). The largest of 20 is later than
@@ -119,10 +118,10 @@ class UpdatePlan:
 
 
 class UpdatePlanner:
-    def __init__(self, span: str = "cut", min_update_ms: int = 200,
+    def __init__(self, span: str = DEFAULT_ENCODER_SPAN, min_update_ms: int = 200,
                  shared: bool | Callable[[], bool] = False, planned_cost_ms: int = 0) -> None:
-        if span not in SPANS:
-            raise ValueError(f"encoder span {span!r}: one of {', '.join(SPANS)}")
+        if span not in ENCODER_SPANS:
+            raise ValueError(f"encoder span {span!r}: one of {', '.join(ENCODER_SPANS)}")
         self.span = span
         # 0: costs as measured; N: every update planned as lasting N ms (module docstring)
         self.planned_cost_ns = planned_cost_ms * NS_PER_MS
