@@ -152,6 +152,15 @@ def words_from_path(tokenizer: WhisperTokenizer, text_tokens: list[int], known: 
             # committed end, and the stream committed it twice ("the circumstances
             # circumstances, which")
             out = out[1:]
+        else:
+            # the prefix's last word continued ("Gint" + "lane", "ill" + "-disposed"): it was
+            # a cut-off start and is committed, so only the rest is new, timed from its own
+            # tokens; the whole word after it read as a stutter ("Gint Gintlane had the sides")
+            w = out[0]
+            out[0] = WordTiming(text=" " + added.lstrip().lstrip("-"),
+                                tokens=tuple(word_tokens[n_known_words][known - first:]),
+                                start_s=max(w.start_s, float(jump_times[known])),
+                                end_s=w.end_s, probability=w.probability)
     return out
 
 

@@ -54,13 +54,16 @@ def _after_prefix(engine, audio: np.ndarray, cont: bool) -> tuple[list[int], lis
 def test_the_decode_continues_the_committed_words(engine, int8, audio):
     ts = engine.tokenizer.special.timestamp_begin
     for eng in (engine, int8):
-        closed, _ = _after_prefix(eng, audio, False)
-        assert closed[0] >= ts  # left to itself, the model closes the prefix's segment
         cont, words = _after_prefix(eng, audio, True)
         assert cont[0] < ts
         assert words[0].startswith("It"), words
-    _, words = _after_prefix(int8, audio, False)
-    assert words[:3] == ["Hit", "B", "cell"]  # the pause read as words
+    closed, _ = _after_prefix(engine, audio, False)
+    assert closed[0] >= ts  # left to itself, float32 closes the prefix's segment
+    # int8 rounds as the CPU's int8 kernels do: on an Intel Xeon it closed the segment too and
+    # read the pause as words; on an AMD EPYC it goes on with "It'll be fell" by itself
+    closed, words = _after_prefix(int8, audio, False)
+    if closed[0] >= ts:
+        assert words[:3] == ["Hit", "B", "cell"]  # the pause read as words
 
 
 def test_batched_windows_continue_the_prefix_as_the_single_stream_engine(engine, audio):

@@ -67,6 +67,39 @@ def test_a_decode_that_reads_nothing_of_speech_keeps_the_last_reading(voiced):
     assert [w.text for w in hyp.committed] == ["Mr.", "John"]
 
 
+def test_a_decode_that_stops_short_keeps_the_last_readings_words_after_it(voiced):
+    """Whisper ends a decode before speech at the window's end that it takes for an unfinished
+    segment: a decode read "gave them warning that", the next only "gave them" (libri-3436 on
+    the cut span). The words the last decode read after it stay the tail, as they were read
+    (the tagger's right context; without them the speech after "them" read as a pause and the
+    tagger ended a sentence there: "gave them. Warning"), and one that falls due is taken
+    from that reading rather than waiting for the next update."""
+    full = [("gave", 0.2, 0.5, 0.9), ("them", 0.5, 0.8, 0.9), ("warning", 0.8, 1.3, 0.9),
+            ("that", 1.4, 1.7, 0.9)]
+    rec = StreamingRecognizer(engine=_ScriptedEngine(full, full[:2], full[:1]),
+                              confident_min_probability=1.0)
+    _feed(rec, voiced, 2.0)
+    assert rec.update(commit_until_ns=0).committed == ()
+    _feed(rec, voiced, 2.4)
+    hyp = rec.update(commit_until_ns=600 * MS)  # stopped after "them": "gave" is due
+    assert [w.text for w in hyp.committed] == ["gave"]
+    assert [w.text for w in hyp.tentative] == ["them", "warning", "that"]
+    assert hyp.audio_end_ns >= 1700 * MS  # the tail accounts for the speech up to its end
+    _feed(rec, voiced, 2.8)
+    hyp = rec.update(commit_until_ns=1350 * MS)  # read "gave" alone: "them", "warning" due
+    assert [w.text for w in hyp.committed] == ["them", "warning"]
+    assert [w.text for w in hyp.tentative] == ["that"]
+    # where the two readings do not meet on the new one's last word, nothing is joined
+    other = [("gave", 0.2, 0.5, 0.9), ("then", 0.5, 0.8, 0.9)]
+    rec = StreamingRecognizer(engine=_ScriptedEngine(full, other),
+                              confident_min_probability=1.0)
+    _feed(rec, voiced, 2.0)
+    rec.update(commit_until_ns=0)
+    _feed(rec, voiced, 2.4)
+    hyp = rec.update(commit_until_ns=600 * MS)
+    assert [w.text for w in hyp.tentative] == ["then"]
+
+
 def test_a_word_waits_for_right_context_when_its_deadline_allows(voiced):
     """Long D: the decodes agree on "old-sposed" at once, but its deadline is far; the word
     stays tentative (shown as such) and is decided by the last decode before its deadline,
@@ -252,7 +285,7 @@ class DeadlineRecognizer:
 
 
 def _run_pipeline(latency_ms: int, seconds: float, n_words: int, rec_cost, tag_ms: int = 5,
-                  tagger=None, **settings):
+                  tagger=None, recognizer: str = "DeadlineRecognizer", **settings):
     """DeadlineRecognizer's script through the pipeline on a fake clock where an update lasts
     ``rec_cost(request)`` and a tag pass ``tag_ms``: (sink, recogniser, counters).
     ``tagger``: the tag stage's host (a pass-through by default); ``settings``: more
@@ -261,7 +294,7 @@ def _run_pipeline(latency_ms: int, seconds: float, n_words: int, rec_cost, tag_m
     async def main():
         clock = FakeClock(start_ns=T0_NS)
         history = AudioHistory(SAMPLE_RATE_HZ * 40)
-        spec = FactorySpec("tests.test_deadline:DeadlineRecognizer", {"n_words": n_words})
+        spec = FactorySpec(f"tests.test_deadline:{recognizer}", {"n_words": n_words})
         host = RecogniserHost(spec, history.capacity, history=history)
         rec = InlineWorker("recognise", host, clock, rec_cost)
         tag = InlineWorker("tag", tagger or TagHost(None), clock, lambda r: tag_ms * MS)
@@ -290,6 +323,35 @@ class SeenByTagger(TagHost):
         self.seen.append((request.k, request.audio_end_ns,
                           tuple(w.text for w in request.tentative)))
         return super().handle(request)
+
+
+class ShortReadingRecognizer(DeadlineRecognizer):
+    """Every third hypothesis accounts for less of the audio than the one before it (a decode
+    that stopped short, its tail dropped): its settled end moves back."""
+
+    def __init__(self, n_words: int = 12) -> None:
+        super().__init__(n_words)
+        self.settled_ns: list[int] = []
+
+    def update(self, commit_until_ns: int | None = None, full_span: bool = False) -> Hypothesis:
+        hyp = super().update(commit_until_ns, full_span)
+        if len(self.plans) % 3 == 0 and hyp.committed:
+            hyp = Hypothesis(hyp.committed, (), hyp.committed[-1].end_ns + 50 * MS)
+        self.settled_ns.append(hyp.audio_end_ns)
+        return hyp
+
+
+def test_the_tagger_reads_the_pause_after_the_last_word_from_the_latest_hypothesis():
+    """Where the latest hypothesis accounts for less audio than an earlier one, the speech
+    after its last word is no pause: the tagger is given that hypothesis's settled end, not
+    the furthest any hypothesis reached (a full stop went after "gave them" where the decode
+    that had read "warning that" came before)."""
+    seen = SeenByTagger()
+    _, recognizer, _ = _run_pipeline(2000, 8.0, 15, lambda r: 150 * MS, tagger=seen,
+                                     recognizer="ShortReadingRecognizer")
+    ends = [end for _, end, _ in seen.seen]
+    assert any(b < a for a, b in zip(ends, ends[1:], strict=False))  # it moved back
+    assert set(ends) <= {*recognizer.settled_ns, 0, recognizer.audio_end_ns}  # (the end)
 
 
 def _tick_of(grid: TickGrid, end_ns: int) -> int:

@@ -5,7 +5,9 @@ them: "... nor of the circumstances" + ",". The tokenizer groups the mark with t
 decode's first new "word" was "circumstances," again. DTW timed it from 100 ms before the
 committed end, and the stream committed it a second time ("the circumstances circumstances,
 which": libri-2412 at D = 1 s on its own stream). A word the decode only adds letters to ("ill"
-+ "-disposed") is still returned: the recogniser keeps the rest of it (_rest_of_cut_word)."""
++ "-disposed", "Gint" + "lane") was a cut-off start, committed at its deadline: only the rest is
+returned, as a word of its own (the whole word had been committed after it: "Gint Gintlane had
+the sides", libritts-5895 at D = 2 s)."""
 
 from __future__ import annotations
 
@@ -38,4 +40,17 @@ def test_new_words_after_the_prefix_and_a_word_it_ends_inside_are_kept(engine):
     ill = tok.encode(" to be ill")
     full = tok.encode(" to be ill-disposed young")
     assert full[:len(ill)] == ill  # the tokenizer splits "ill-disposed" after "ill"
-    assert _words(engine, " to be ill-disposed young", " to be ill") == ["ill-disposed", "young"]
+    assert _words(engine, " to be ill-disposed young", " to be ill") == ["disposed", "young"]
+    assert tok.encode(" Gintlane had")[:2] == tok.encode(" Gint")  # " G" "int" | "lane"
+    assert _words(engine, " Gintlane had the", " Gint") == ["lane", "had", "the"]
+    assert _words(engine, " It befell in", " It be") == ["fell", "in"]
+
+
+def test_the_rest_of_a_continued_word_is_timed_from_its_own_tokens(engine):
+    tok = engine.tokenizer
+    tokens = tok.encode(" Gintlane had")
+    path = np.arange(len(tokens) + 1)  # token j starts at step j: 3 x 20 ms
+    timings = words_from_path(tok, tokens, 2, np.full(len(tokens), np.nan), path, path * 3)
+    lane = timings[0]
+    assert lane.text == " lane" and lane.tokens == tuple(tokens[2:3])
+    assert lane.start_s == 2 * 3 * 0.02  # where "lane" starts, not where " G" did

@@ -83,7 +83,8 @@ class Pipeline(RecognitionLoop, TickPublisher):
         self.drift = DriftEstimator() if source.live else None
         self.words = WordStream()
         self.ingest: Ingest | None = None
-        self._rec_audio_end_ns = 0
+        self._rec_audio_end_ns = 0  # the furthest the recogniser has accounted for
+        self._rec_settled_ns = 0  # the latest hypothesis's settled end (the tagger's pauses)
         self._rec_accepted = 0
         self._rec_finished = False
         self._source_done = False
@@ -230,6 +231,9 @@ class Pipeline(RecognitionLoop, TickPublisher):
         hyp = result.hypothesis
         self.words.add_hypothesis(hyp)
         self._rec_audio_end_ns = max(self._rec_audio_end_ns, hyp.audio_end_ns)
+        # not the furthest: after a decode that stopped short of the last one's words, the
+        # speech after them is no pause (subd.recognise.streaming._settle)
+        self._rec_settled_ns = hyp.audio_end_ns
         self._rec_accepted = result.accepted_sample
         self._consumed_event.set()
         self.counters.stage["recognise"].add(result.duration_ns)
@@ -301,7 +305,7 @@ class Pipeline(RecognitionLoop, TickPublisher):
                 if self.clock.now_ns() >= self._due(k) - self._prepare_ns:
                     self.counters.superseded_requests += 1
                     continue  # too late to matter; a newer tick will carry its words
-                request = self.words.tag_request(k, self._rec_audio_end_ns, flush,
+                request = self.words.tag_request(k, self._rec_settled_ns, flush,
                                                  decide_until_ns=self.grid.audio_end_ns(k))
                 started = self.clock.now_ns()
                 watchdog = start_task(self._overrun_watch(k, started), "pipeline:tag-watchdog")

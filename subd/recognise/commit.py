@@ -10,6 +10,7 @@ Two modes, by what the caller knows:
   costs no quality: two decodes that agree on a word heard out for ``agree_context_ms`` commit it
   early (Whisper does not change such a word any more; it keeps the decoded tail short when D is
   long). A pause after the last word commits nothing: the speaker may go on ("ask not. What").
+  A decode that stopped short of the last one's words keeps those as its tail (``unread_from``).
 * **Agreement mode** (no deadline: benchmarks and tools that drive the recogniser alone), as
   before: LocalAgreement-2 over decodes that heard the word out, bounded by ``max_tentative_ms``
   (where the last decode changed words two decodes agreed on, their reading commits: voted).
@@ -267,6 +268,27 @@ def _rest_of_cut_word(word: Word, last: Word) -> Word:
     if not rest or not norm_word(rest) or text[letters[len(head) - 1] + 1] not in "-":
         return word  # "Fives" after "Five" is another word, not the rest of it
     return Word(rest, word.start_ns, word.end_ns, word.probability)
+
+
+def unread_from(words: Sequence[Word], previous: Sequence[Word]) -> int:
+    """Deadline mode: from which of the last hypothesis's words ``previous`` (after the commit
+    point) a new decode ``words`` stopped short of them; ``len(previous)``: it did not. Whisper
+    ends a decode before speech at the window's end that it takes for an unfinished segment,
+    as it leaves that to its next window offline; here that reading ("gave them" of "gave them
+    warning that") would lose the words the last decode read after it: the tagger's right
+    context (the speech after "them" read as a pause: "gave them. Warning"), and the due ones
+    would wait for the next update. They stay, as they were read, until a decode reads that
+    audio again, where the two readings meet on the new one's last word (its text, within
+    3 x ``VOTE_SLACK_MS``): joined by time alone, they overlapped or disagreed there ("upon
+    the" + "the morrow": "the the"; "a mane in" + "into the": "in to")."""
+    if not words or not previous:
+        return len(previous)
+    last, slack_ns = words[-1], 3 * VOTE_SLACK_MS * NS_PER_MS
+    meet = [i for i, w in enumerate(previous) if norm_word(w.text) == norm_word(last.text)
+            and abs(w.end_ns - last.end_ns) <= slack_ns]
+    if not meet:
+        return len(previous)
+    return min(meet, key=lambda i: abs(previous[i].end_ns - last.end_ns)) + 1
 
 
 def stacked_tail_cut(words: list[Word], end_ns: int) -> list[Word]:

@@ -40,7 +40,13 @@ from subd.models.engine import (
     live_threads,
 )
 from subd.models.words import prompt_text
-from subd.recognise.commit import after_commit_point, decide, hypothesis_words, stacked_tail_cut
+from subd.recognise.commit import (
+    after_commit_point,
+    decide,
+    hypothesis_words,
+    stacked_tail_cut,
+    unread_from,
+)
 from subd.recognise.language import LanguageTracker
 from subd.recognise.loops import cut_loop, transcribe_unlooped
 from subd.recognise.options import StreamingConfig
@@ -165,7 +171,12 @@ class StreamingRecognizer:
             # read "and Mr." from 0.64 s, nothing from 1.08 and 1.28 s, then "Mr. John", and
             # "And" was lost): no reading; words now due come from the last one
             return self._hypothesis(self._take_due(commit_until_ns))
+        kept = self._unread_tail(words) if commit_until_ns is not None else ([], [])
         newly = self._commit(words, end, commit_until_ns)
+        if kept[0]:
+            st.previous += kept[0]
+            st.previous_streak += kept[1]
+            newly += self._take_due(commit_until_ns)
         newly += self._trim(end, full_span, not words, pause_commit=commit_until_ns is None
                             or self.config.deadline_pause_commit)
         self._settle(end)
@@ -282,6 +293,16 @@ class StreamingRecognizer:
             st.window_start = end - 2 * SAMPLE_RATE_HZ  # no words at all: keep 2 s of context
         return newly
 
+    def _unread_tail(self, words: list[Word]) -> tuple[list[Word], list[int]]:
+        """Deadline mode: the last hypothesis's words after a decode that stopped short of
+        them, and their streaks (commit.unread_tail), judged again on the audio there is now
+        (a word written over a breath: settle.heard)."""
+        st = self.state
+        n = unread_from(words, st.previous)
+        kept = self._heard(st.previous[n:])
+        return kept, [s for w, s in zip(st.previous[n:], st.previous_streak[n:], strict=True)
+                      if w in kept]
+
     def _take_due(self, commit_until_ns: int) -> list[Word]:
         """Commit the words of the last hypothesis that are due (ending by the deadline)."""
         st = self.state
@@ -349,12 +370,14 @@ class StreamingRecognizer:
         return []
 
     def _settle(self, end: int) -> None:
-        """How far the hypothesis accounts for all speech (subd.recognise.settle)."""
+        """How far the hypothesis accounts for all speech (subd.recognise.settle). It may move
+        back: a decode that stopped short of the last one's words accounts for less of the
+        audio (kept from the last decode, the speech after its last word read as a pause, and
+        the tagger ended a sentence there: "of a. Table round", "ride a. Mane")."""
         st = self.state
         last = st.previous[-1] if st.previous else (st.committed[-1] if st.committed else None)
         last_end = None if last is None else ns_to_samples(last.end_ns)
-        st.settled_end = max(st.settled_end,
-                             settled_end(self.vad, self.audio, st.window_start, last_end, end))
+        st.settled_end = settled_end(self.vad, self.audio, st.window_start, last_end, end)
 
     def _hypothesis(self, newly: list[Word]) -> Hypothesis:
         """``audio_end_ns`` is the settled end (see ``_settle``), not the audio received."""
