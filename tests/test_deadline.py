@@ -567,6 +567,12 @@ def test_a_looped_phrase_timed_past_the_audio_is_not_speech():
     assert stacked_tail_cut(real, 2_930 * MS) == real  # one word at the very end: kept
     squeezed = words(("no,", 3.16, 3.72), ("we", 3.72, 3.72), ("will", 3.72, 3.98))
     assert stacked_tail_cut(squeezed, 5_000 * MS) == squeezed  # one short word DTW squeezed
+    # a decode that restated the transcript from the window's start (libri-2412 at D = 2 s),
+    # every word at one instant but one given 80 ms: that one is a copy too, not "design," again
+    restated = words(("and", 3.2, 3.2), ("that", 3.2, 3.2), ("however", 3.2, 3.2),
+                     ("my", 3.2, 3.2), ("design,", 3.2, 3.28), ("and", 3.28, 3.28),
+                     ("that", 3.28, 3.28), ("however", 3.28, 3.28))
+    assert [w.text for w in stacked_tail_cut(restated, 5_600 * MS)] == ["and"]
 
 
 def _w(text, a, b):
@@ -650,10 +656,12 @@ def test_words_written_over_silence_are_not_committed(voiced):
 def test_a_word_over_silence_left_for_the_end_of_the_stream_is_not_committed(voiced):
     """A word written at the audio end is not judged until the audio after it is heard; the
     stream's last decode may leave it out, and what it left out is committed at the end of
-    the stream: the word is judged there ("You can call me Abby. Abby." once, in real time)."""
+    the stream: the word is judged there ("You can call me Abby. Abby." once, in real time),
+    and taken only where Whisper was sure of it ("the main objective. That.")."""
     audio = np.concatenate([voiced, np.zeros(5 * SAMPLE_RATE_HZ // 2, np.float32)])  # speech: 4.8 s
     said = [("in", 3.6, 3.9, 0.9), ("this", 3.9, 3.9, 0.9), ("regard,", 3.9, 4.7, 0.9)]
-    for copy, kept in ((("Abby.", 6.6, 6.75, 0.9), []), (("so", 4.7, 4.9, 0.9), ["so"])):
+    for copy, kept in ((("Abby.", 6.6, 6.75, 0.9), []), (("so", 4.7, 4.9, 0.9), ["so"]),
+                       (("That", 4.7, 4.9, 0.15), [])):  # a guess Whisper was unsure of
         rec = StreamingRecognizer(engine=_ScriptedEngine(said + [copy], said))
         _feed(rec, audio, 6.8)
         hyp = rec.update(commit_until_ns=4_700 * MS)

@@ -313,18 +313,32 @@ def stacked_tail_cut(words: list[Word], end_ns: int) -> list[Word]:
     out: list[Word] = []
     stacked = False  # words were dropped after out[-1]
     looped = False  # two words of no duration at one instant: every later one is a copy
+    dropped_end = 0  # where the last word dropped ends
     for i, w in enumerate(words):
         if out and _instant(w, out[-1].end_ns):
             looped |= i > 0 and _instant(words[i - 1], w.end_ns) or \
                 i + 1 < len(words) and _instant(words[i + 1], w.end_ns)
             if looped:
                 stacked = True  # no duration, at the instant the word before ends
+                dropped_end = w.end_ns
                 continue
+        if stacked and _squeezed_copy(w, dropped_end):
+            dropped_end = w.end_ns
+            continue
         if stacked and norm_word(out[-1].text) == norm_word(w.text):
             out.pop()  # the loop's first word, the real one follows ("Seven [of clubs] Seven")
         stacked = False
         out.append(w)
     return out
+
+
+def _squeezed_copy(word: Word, at_ns: int) -> bool:
+    """A word of a loop that the alignment gave a sliver of time: under ``SAID_AGAIN_WORD_MS``,
+    starting where the dropped copies end. A decode on libri-2412 restated the whole
+    transcript from the window's start, every word at one instant but "design," (80 ms), which
+    went out twice ("in my design, design, and that")."""
+    return word.end_ns - word.start_ns < SAID_AGAIN_WORD_MS * NS_PER_MS and \
+        abs(word.start_ns - at_ns) < STACKED_MS * NS_PER_MS
 
 
 def _instant(word: Word, at_ns: int) -> bool:
