@@ -373,14 +373,16 @@ class StreamingRecognizer:
         return []
 
     def _settle(self, end: int) -> None:
-        """How far the hypothesis accounts for all speech (subd.recognise.settle). It may move
-        back: a decode that stopped short of the last one's words accounts for less of the
-        audio (kept from the last decode, the speech after its last word read as a pause, and
-        the tagger ended a sentence there: "of a. Table round", "ride a. Mane")."""
+        """How far the hypothesis accounts for all speech (subd.recognise.settle). In deadline
+        mode it may move back: a decode that stopped short of the last one's words accounts for
+        less of the audio (kept from the last decode, the speech after its last word read as a
+        pause, and the tagger ended a sentence there: "of a. Table round", "ride a. Mane").
+        Driven alone it only moves on, as measured there (subd bench punct-e2e)."""
         st = self.state
         last = st.previous[-1] if st.previous else (st.committed[-1] if st.committed else None)
         last_end = None if last is None else ns_to_samples(last.end_ns)
-        st.settled_end = settled_end(self.vad, self.audio, st.window_start, last_end, end)
+        settled = settled_end(self.vad, self.audio, st.window_start, last_end, end)
+        st.settled_end = settled if self.deadline_mode else max(st.settled_end, settled)
 
     def _hypothesis(self, newly: list[Word]) -> Hypothesis:
         """``audio_end_ns`` is the settled end (see ``_settle``), not the audio received."""
