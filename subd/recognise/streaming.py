@@ -171,11 +171,11 @@ class StreamingRecognizer:
             # read "and Mr." from 0.64 s, nothing from 1.08 and 1.28 s, then "Mr. John", and
             # "And" was lost): no reading; words now due come from the last one
             return self._hypothesis(self._take_due(commit_until_ns))
-        kept = self._unread_tail(words) if commit_until_ns is not None else ([], [])
+        unread = self._unread_tail(words) if commit_until_ns is not None else []
         newly = self._commit(words, end, commit_until_ns)
-        if kept[0]:
-            st.previous += kept[0]
-            st.previous_streak += kept[1]
+        if unread:
+            st.previous += [w for w, _ in unread]
+            st.previous_streak += [s for _, s in unread]
             newly += self._take_due(commit_until_ns)
         newly += self._trim(end, full_span, not words, pause_commit=commit_until_ns is None
                             or self.config.deadline_pause_commit)
@@ -296,15 +296,15 @@ class StreamingRecognizer:
             st.window_start = end - 2 * SAMPLE_RATE_HZ  # no words at all: keep 2 s of context
         return newly
 
-    def _unread_tail(self, words: list[Word]) -> tuple[list[Word], list[int]]:
+    def _unread_tail(self, words: list[Word]) -> list[tuple[Word, int]]:
         """Deadline mode: the last hypothesis's words after a decode that stopped short of
-        them, and their streaks (commit.unread_tail), judged again on the audio there is now
+        them, with their streaks (commit.unread_from), judged again on the audio there is now
         (a word written over a breath: settle.heard)."""
         st = self.state
         n = unread_from(words, st.previous)
-        kept = self._heard(st.previous[n:])
-        return kept, [s for w, s in zip(st.previous[n:], st.previous_streak[n:], strict=True)
-                      if w in kept]
+        heard = {id(w) for w in self._heard(st.previous[n:])}
+        return [(w, s) for w, s in zip(st.previous[n:], st.previous_streak[n:], strict=True)
+                if id(w) in heard]
 
     def _take_due(self, commit_until_ns: int) -> list[Word]:
         """Commit the words of the last hypothesis that are due (ending by the deadline)."""
