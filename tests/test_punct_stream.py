@@ -193,11 +193,11 @@ class _EchoTagger:
         return out
 
 
-def _two_decodes(gap_ms: int) -> str:
+def _two_decodes(gap_ms: int, first_text: str = "i went to the market and then.") -> str:
     """"and then." ends the first decode (nothing decoded after it), then ``gap_ms`` of
     silence, then the sentence goes on."""
     first = [Word(w, i * 300 * MS, (i * 300 + 250) * MS)
-             for i, w in enumerate("i went to the market and then.".split())]
+             for i, w in enumerate(first_text.split())]
     t0 = first[-1].end_ns + gap_ms * MS
     rest = [Word(w, t0 + i * 300 * MS, t0 + (i * 300 + 250) * MS)
             for i, w in enumerate("we walked home.".split())]
@@ -215,6 +215,12 @@ def test_a_full_stop_at_the_decode_edge_alone_breaks_no_sentence() -> None:
 
 def test_a_full_stop_at_the_decode_edge_with_a_real_pause_stands() -> None:
     assert _two_decodes(gap_ms=600) == "I went to the market and then. We walked home."
+
+
+def test_a_question_mark_at_the_decode_edge_stands_without_a_pause() -> None:
+    # Whisper closes a decode with a full stop whatever was said, not with a question mark
+    assert _two_decodes(gap_ms=50, first_text="what do you think?") == (
+        "What do you think? We walked home.")
 
 
 def test_a_full_stop_with_words_decoded_after_it_is_evidence() -> None:

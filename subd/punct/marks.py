@@ -8,8 +8,9 @@ therefore the mark Whisper wrote after the word ("很好，" -> ","), full-width
 half-width tags and shown full-width again by the layout. The stream around it
 (:class:`subd.punct.stream.PunctStream`) still decides a word only once its right context is
 there. The chunk-edge rule applies to CJK marks here: a sentence end Whisper wrote on the last
-word of a decoded window stands only with a pause of ``EDGE_PAUSE_MS`` after it (the stream's own
-rule reads half-width marks only). Words in other scripts keep the CRF's tags.
+word of a decoded window stands only with a pause of ``EDGE_PAUSE_MS`` after it, '？' and '！' too
+(the stream's own rule reads half-width full stops only; the Mandarin sets were not measured
+with question marks kept). Words in other scripts keep the CRF's tags.
 """
 
 from __future__ import annotations

@@ -16,10 +16,11 @@ many words the recogniser had decoded after each word in the hypothesis that com
 the word ended its decoded window: the place where its sentence ends are least reliable). That
 count is exact when ``update`` is called once per recogniser hypothesis; when several
 hypotheses' committed words arrive in one call, the words of earlier ones look better covered
-than they were. Chunk-edge rule: a sentence end on such a window-edge word is decided only
+than they were. Chunk-edge rule: a full stop on such a window-edge word ends the sentence only
 with a pause of ``pause_commit_ms`` after it, or if the tagger still ends the sentence there
 with that mark set aside (the words after it say so); Whisper closes almost every decode with
-a full stop, so the mark alone is no evidence.
+a full stop, so that mark alone is no evidence. A question or exclamation mark there stays
+evidence: Whisper writes one only where the words read so ("what do you think?").
 
 Work per update is bounded: the tagger sees at most ``left_context_words`` final words, the
 pending words (at most ``max_pending_words``; beyond that the oldest are decided anyway) and
@@ -281,16 +282,18 @@ class PunctStream:
         self, window: list[Word], pauses: list[float | None], marks: list[RecogniserMark],
         n_left: int, n_decide: int, tags: list[WordTag],
     ) -> list[WordTag]:
-        """Chunk-edge rule: a word the recogniser wrote at the very end of its decoded window
-        (nothing decoded after it) may end a sentence on that mark only with a real pause
-        after it, or if the words alone still end the sentence there; otherwise the mark is
-        set aside (a window edge is where Whisper writes a full stop whatever was said)."""
+        """Chunk-edge rule: a word the recogniser wrote with a full stop at the very end of
+        its decoded window (nothing decoded after it) may end a sentence on that mark only with
+        a real pause after it, or if the words alone still end the sentence there; otherwise
+        the mark is set aside (a window edge is where Whisper writes a full stop whatever was
+        said). '?' and '!' are not set aside: they are not Whisper's default close, and with
+        them set aside the tagger lost espeak-ng's "what do you think?" (tests/test_punct_e2e)."""
         pause_ms = self.config.pause_commit_ms
         suspect = []
         for i in range(n_decide):
             k = n_left + i
             mark, pause = marks[k], pauses[k]
-            if (tags[i].punct in SENTENCE_END and mark.punct in SENTENCE_END
+            if (tags[i].punct in SENTENCE_END and mark.punct == "."
                     and mark.n_after == 0 and (pause is None or pause < pause_ms)):
                 suspect.append(k)
         if not suspect:
