@@ -6,7 +6,8 @@
 #   .benchdata/wheels/   Python 3.12 wheels of subd's dependencies the GPU image lacks
 #   .benchdata/tiny_en/  tiny.en as a compact int8-rounded copy (models.portable, 38 MB)
 #   .benchdata/librivox/ the five LibriVox clips of pocketsphinx-testdata
-#   .benchdata/ps/       pocketsphinx-testdata's test data (SUBD_POCKETSPHINX there)
+#   .benchdata/ps/       pocketsphinx-testdata's LibriVox clips (SUBD_POCKETSPHINX there)
+#   .benchdata/cut.toml, cut23.toml  the capacity runs' configurations
 #   .benchdata/site.sh   sourced there: installs the wheels and subd into /tmp/site
 set -euo pipefail
 out=.benchdata
@@ -19,7 +20,12 @@ pip download -q --dest "$out/wheels" --only-binary=:all: --python-version 3.12 \
 pip wheel -q --wheel-dir "$out/wheels" --no-deps pysrt pytorch-crf pycparser redis \
     whisper-normalizer more-itertools indic-numtowords
 cp "$ps"/librivox/*.wav "$out/librivox/"
-rm -rf "$out/ps" && cp -r "$ps" "$out/ps"
+# only the LibriVox part: with the rest of pocketsphinx-testdata the tree and .benchdata passed
+# the device tool's 64 MiB (2026-12-05)
+rm -rf "$out/ps" && mkdir -p "$out/ps" && cp -r "$ps/librivox" "$out/ps/"
+# the configurations of docs/MEASUREMENTS.md's capacity runs (scripts/device-runs.sh)
+printf '[tick]\nlatency_ms = 2000\n\n[recognizer]\nencoder_span = "cut"\n' > "$out/cut.toml"
+printf '[tick]\nlatency_ms = 2000\n\n[recognizer]\nencoder_span = "cut"\nencoder_bucket_ms = 2000\ntrim_after_ms = 3000\n' > "$out/cut23.toml"
 python - "$out/tiny_en" <<'EOF'
 import sys
 from pathlib import Path

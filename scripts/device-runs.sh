@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# Runs on the GPU machine, from the checkout's root, with .benchdata carried
+# (scripts/device-bundle.sh builds it here first). Output goes to stdout, plots to $OUT.
+#   scripts/device-runs.sh check
+#       the GPU tests, then `subd bench daemon --device cpu,cuda` (4 channels, float32 on both,
+#       updates planned at 700 / 650 ms: the same captions expected on both devices)
+#   scripts/device-runs.sh capacity CONFIG STREAMS NAIVE [SIZE]
+#       `subd bench gpu --policy daemon` with 8 recogniser processes under CUDA MPS; CONFIG a
+#       file in .benchdata (cut.toml, cut23.toml), SIZE a capacity-mode size (large-v3-turbo)
+set -uo pipefail
+case "${1:-}" in
+  check) ;;
+  capacity) [ $# -ge 4 ] || { echo "usage: $0 capacity CONFIG STREAMS NAIVE [SIZE]" >&2; exit 2; } ;;
+  *) echo "usage: $0 check | capacity CONFIG STREAMS NAIVE [SIZE]" >&2; exit 2 ;;
+esac
+command -v nvidia-smi >/dev/null || { echo "$0: no NVIDIA GPU here (run it on the GPU machine)" >&2; exit 2; }
+cd "$(dirname "$0")/.."
+R=$PWD
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+rm -f subd/models subd/kernels  # links from a local checkout would confuse the install
+source .benchdata/site.sh
+case "${1:-}" in
+  check)
+    # the tests import subd from the checkout, which needs its two mapped packages
+    ln -sfn ../models subd/models && ln -sfn ../kernels subd/kernels
+    python -m pytest -q -p no:cacheprovider tests/test_layer_norm.py tests/test_gpu.py \
+      tests/test_gpu_policy.py tests/test_gpu_marks.py tests/test_gpu_memory.py \
+      tests/test_device_config.py 2>&1 | tail -n 15
+    rm -f subd/models subd/kernels
+    cd /tmp && python -m subd.cli bench daemon --model "$R/.benchdata/tiny_en" --device cpu,cuda \
+      --processes auto --update-ms 700 --update-cost-ms 650 --precision fp32 --channels 4 \
+      --seconds 30 2>&1 | grep -v "^INFO" | tail -n 40
+    ;;
+  capacity)
+    export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps_pipe CUDA_MPS_LOG_DIRECTORY=/tmp/mps_log
+    mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
+    nvidia-cuda-mps-control -d
+    cap=()
+    [ -n "${5:-}" ] && cap=(--capacity "$5")
+    cd /tmp && python -m subd.cli bench gpu --policy daemon --model "$R/.benchdata/tiny_en" \
+      --clips "$R/.benchdata/librivox" "${cap[@]}" --streams "$3" --naive-streams "$4" \
+      --duration-s 12 --ramp-s 3 --warm-s 5 --max-rows 256 --gpu-processes 8 \
+      --config "$R/.benchdata/$2" --plot "${OUT:-/tmp}/capacity.png" 2>&1 | grep -v "^INFO" | tail -n 60
+    echo quit | nvidia-cuda-mps-control
+    ;;
+esac
