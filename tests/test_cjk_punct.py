@@ -60,3 +60,12 @@ def test_a_full_stop_at_a_window_edge_needs_a_pause(crf):
     pauses[3] = 600.0
     tags = tagger.tag(texts, pauses, right_context_complete=False, recogniser=marks)
     assert tags[3].punct == "."
+
+
+def test_a_question_mark_at_a_window_edge_stands_without_a_pause(crf):
+    texts = ["你", "去", "哪", "儿？", "我们", "去", "公", "园"]
+    ws = words(texts)
+    marks = recogniser_marks_of(ws[:4], 0) + recogniser_marks_of(ws[4:], 0)
+    pauses = [50.0] * 7 + [None]
+    tags = ScriptTagger(crf).tag(texts, pauses, right_context_complete=False, recogniser=marks)
+    assert tags[3].punct == "?"

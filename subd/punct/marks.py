@@ -7,10 +7,11 @@ against the recogniser's marks, so not shipped). For words holding CJK character
 therefore the mark Whisper wrote after the word ("很好，" -> ","), full-width marks read as their
 half-width tags and shown full-width again by the layout. The stream around it
 (:class:`subd.punct.stream.PunctStream`) still decides a word only once its right context is
-there. The chunk-edge rule applies to CJK marks here: a sentence end Whisper wrote on the last
-word of a decoded window stands only with a pause of ``EDGE_PAUSE_MS`` after it, '？' and '！' too
-(the stream's own rule reads half-width full stops only; the Mandarin sets were not measured
-with question marks kept). Words in other scripts keep the CRF's tags.
+there. The chunk-edge rule applies to CJK marks here: a full stop ('。') Whisper wrote on the last
+word of a decoded window stands only with a pause of ``EDGE_PAUSE_MS`` after it (the stream's
+own rule reads half-width marks only); '？' and '！' stand, as they do in English: Whisper closes a
+decode with a full stop whatever was said, not with a question mark. Words in other scripts keep
+the CRF's tags.
 """
 
 from __future__ import annotations
@@ -69,7 +70,7 @@ class ScriptTagger:
                 punct = "" if recogniser is not None and mark is None else mark_of(word)
                 pause = pauses_ms[i] if pauses_ms is not None else None
                 last = right_context_complete and i == len(words) - 1
-                if (punct in ".?!" and punct and mark is not None and mark.n_after == 0
+                if (punct == "." and mark is not None and mark.n_after == 0
                         and not last and (pause is None or pause < EDGE_PAUSE_MS)):
                     punct = ""  # the chunk-edge rule (subd.punct.stream) for CJK marks
                 out.append(WordTag(punct, "lower", _BREAK_AFTER[punct]))
