@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from subd.models.punct import RecogniserMark, WordTag
+from subd.punct.stream import edge_mark_set_aside
 from subd.script import has_cjk
 
 # full-width (and half-width) marks -> the tagger's marks
@@ -70,8 +71,8 @@ class ScriptTagger:
                 punct = "" if recogniser is not None and mark is None else mark_of(word)
                 pause = pauses_ms[i] if pauses_ms is not None else None
                 last = right_context_complete and i == len(words) - 1
-                if (punct == "." and mark is not None and mark.n_after == 0
-                        and not last and (pause is None or pause < EDGE_PAUSE_MS)):
+                if (mark is not None and not last
+                        and edge_mark_set_aside(punct, mark, pause, EDGE_PAUSE_MS)):
                     punct = ""  # the chunk-edge rule (subd.punct.stream) for CJK marks
                 out.append(WordTag(punct, "lower", _BREAK_AFTER[punct]))
         return out

@@ -91,6 +91,15 @@ class PunctConfig:
                     f"[punct] {key} must be true or false, got {getattr(self, key)!r}")
 
 
+def edge_mark_set_aside(punct: str, mark: RecogniserMark, pause_ms: float | None,
+                        min_pause_ms: float) -> bool:
+    """The chunk-edge rule's test, for English and CJK marks alike: ``punct`` (the tag of the
+    recogniser's mark) is a full stop on the last word of its decoded window, with no pause of
+    ``min_pause_ms`` after it. Whisper closes a decode with a full stop whatever was said; a
+    question or exclamation mark there is evidence ("what do you think?", tests/test_punct_e2e)."""
+    return punct == "." and mark.n_after == 0 and (pause_ms is None or pause_ms < min_pause_ms)
+
+
 def _check(key: str, value: float, lo: float, hi: float) -> None:
     if isinstance(value, bool) or not isinstance(value, int | float) or not lo <= value <= hi:
         raise ConfigError(f"[punct] {key} must be in {lo}..{hi}, got {value!r}")
@@ -286,15 +295,14 @@ class PunctStream:
         its decoded window (nothing decoded after it) may end a sentence on that mark only with
         a real pause after it, or if the words alone still end the sentence there; otherwise
         the mark is set aside (a window edge is where Whisper writes a full stop whatever was
-        said). '?' and '!' are not set aside: they are not Whisper's default close, and with
-        them set aside the tagger lost espeak-ng's "what do you think?" (tests/test_punct_e2e)."""
+        said; ``edge_mark_set_aside``)."""
         pause_ms = self.config.pause_commit_ms
         suspect = []
         for i in range(n_decide):
             k = n_left + i
             mark, pause = marks[k], pauses[k]
-            if (tags[i].punct in SENTENCE_END and mark.punct == "."
-                    and mark.n_after == 0 and (pause is None or pause < pause_ms)):
+            if tags[i].punct in SENTENCE_END and edge_mark_set_aside(mark.punct, mark, pause,
+                                                                     pause_ms):
                 suspect.append(k)
         if not suspect:
             return tags
