@@ -5,21 +5,20 @@
 # by git; the device tool carries it (carry [".benchdata"], well under 64 MiB).
 #   .benchdata/wheels/   Python 3.12 wheels of subd's dependencies the GPU image lacks
 #   .benchdata/tiny_en/  tiny.en as a compact int8-rounded copy (models.portable, 38 MB)
-#   .benchdata/librivox/ the five LibriVox clips of pocketsphinx-testdata
-#   .benchdata/ps/       pocketsphinx-testdata's LibriVox clips (SUBD_POCKETSPHINX there)
+#   .benchdata/ps/       pocketsphinx-testdata's LibriVox clips (SUBD_POCKETSPHINX there; the
+#                        capacity runs' clips, ps/librivox)
 #   .benchdata/cut.toml, cut23.toml  the capacity runs' configurations
 #   .benchdata/site.sh   sourced there: installs the wheels and subd into /tmp/site
 set -euo pipefail
 out=.benchdata
 ps=/usr/share/pocketsphinx/test/data
-mkdir -p "$out/wheels" "$out/librivox"
+mkdir -p "$out/wheels"
 pip download -q --dest "$out/wheels" --only-binary=:all: --python-version 3.12 \
     --implementation cp --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 \
     --platform manylinux_2_28_x86_64 --no-deps soundfile cffi soxr webrtcvad-wheels text2num chardet
 # pure Python (some ship only as sources): wheels built here run on any Python 3
 pip wheel -q --wheel-dir "$out/wheels" --no-deps pysrt pytorch-crf pycparser redis \
     whisper-normalizer more-itertools indic-numtowords
-cp "$ps"/librivox/*.wav "$out/librivox/"
 # only the LibriVox part: with the rest of pocketsphinx-testdata the tree and .benchdata passed
 # the device tool's 64 MiB (2026-12-05)
 rm -rf "$out/ps" && mkdir -p "$out/ps" && cp -r "$ps/librivox" "$out/ps/"

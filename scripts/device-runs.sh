@@ -38,7 +38,7 @@ case "${1:-}" in
     cap=()
     [ -n "${5:-}" ] && cap=(--capacity "$5")
     cd /tmp && python -m subd.cli bench gpu --policy daemon --model "$R/.benchdata/tiny_en" \
-      --clips "$R/.benchdata/librivox" "${cap[@]}" --streams "$3" --naive-streams "$4" \
+      --clips "$R/.benchdata/ps/librivox" "${cap[@]}" --streams "$3" --naive-streams "$4" \
       --duration-s 12 --ramp-s 3 --warm-s 5 --max-rows 256 --gpu-processes 8 \
       --config "$R/.benchdata/$2" --plot "${OUT:-/tmp}/capacity.png" 2>&1 | grep -v "^INFO" | tail -n 60
     echo quit | nvidia-cuda-mps-control

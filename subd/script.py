@@ -16,6 +16,7 @@ import unicodedata
 from collections.abc import Callable
 
 from subd.errors import ConfigError
+from subd.validate import check_choice
 
 # Whisper language codes of scripts written without spaces between words.
 SPACELESS_LANGUAGES = frozenset({"zh", "yue", "ja", "th", "lo", "my", "km", "bo"})
@@ -102,9 +103,9 @@ CHINESE_SCRIPTS = {"simplified": "t2s", "traditional": "s2t", "taiwan": "s2tw",
 DEFAULT_CHINESE_SCRIPT = "simplified"
 
 
-def check_chinese_script(value: object, where: str = "[recognizer] chinese_script") -> str:
-    if value not in CHINESE_SCRIPTS:
-        raise ConfigError(f"{where}: {value!r} is not one of {', '.join(CHINESE_SCRIPTS)}")
+def check_chinese_script(value: object) -> str:
+    """``value`` if it names a script of CHINESE_SCRIPTS, else a one-line ConfigError."""
+    check_choice("recognizer", "chinese_script", value, tuple(CHINESE_SCRIPTS))
     return str(value)
 
 

@@ -54,7 +54,8 @@ def test_the_recogniser_writes_a_decode_in_the_channel_script():
 def test_a_bad_script_is_a_one_line_config_error():
     with pytest.raises(ConfigError, match=r"^\[recognizer\] chinese_script"):
         config_from_dict({"recognizer": {"chinese_script": "klingon"}})
-    with pytest.raises(ConfigError, match=r"chinese_script: 'klingon' is not one of"):
+    with pytest.raises(ConfigError,
+                       match=r"^\[recognizer\] chinese_script = 'klingon': must be one of"):
         StreamingConfig(chinese_script="klingon")
     cfg = config_from_dict({"recognizer": {"language": "zh", "chinese_script": "taiwan"}})
     assert cfg.recognizer.chinese_script == "taiwan"

@@ -9,6 +9,7 @@ from subd.models.punct import PunctTagger, recogniser_marks_of
 from subd.punct.marks import ScriptTagger
 from subd.punct.stream import PunctStream
 from subd.types import Word
+from subd.workers.hosts import make_punct_stream
 
 MS = 1_000_000
 
@@ -60,6 +61,11 @@ def test_a_full_stop_at_a_window_edge_needs_a_pause(crf):
     pauses[3] = 600.0
     tags = tagger.tag(texts, pauses, right_context_complete=False, recogniser=marks)
     assert tags[3].punct == "."
+    # the pause it needs is the stream's [punct] pause_commit_ms (make_punct_stream passes it)
+    tags = ScriptTagger(crf, edge_pause_ms=800.0).tag(texts, pauses, right_context_complete=False,
+                                                      recogniser=marks)
+    assert tags[3].punct == ""
+    assert make_punct_stream(pause_commit_ms=800.0).tagger.edge_pause_ms == 800.0
 
 
 def test_a_question_mark_at_a_window_edge_stands_without_a_pause(crf):

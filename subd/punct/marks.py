@@ -8,7 +8,7 @@ therefore the mark Whisper wrote after the word ("很好，" -> ","), full-width
 half-width tags and shown full-width again by the layout. The stream around it
 (:class:`subd.punct.stream.PunctStream`) still decides a word only once its right context is
 there. The chunk-edge rule applies to CJK marks here: a full stop ('。') Whisper wrote on the last
-word of a decoded window stands only with a pause of ``EDGE_PAUSE_MS`` after it (the stream's
+word of a decoded window stands only with a pause of ``edge_pause_ms`` after it (the stream's
 own rule reads half-width marks only); '？' and '！' stand, as they do in English: Whisper closes a
 decode with a full stop whatever was said, not with a question mark. Words in other scripts keep
 the CRF's tags.
@@ -19,13 +19,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from subd.models.punct import RecogniserMark, WordTag
-from subd.punct.stream import edge_mark_set_aside
+from subd.punct.stream import PunctConfig, edge_mark_set_aside
 from subd.script import has_cjk
 
 # full-width (and half-width) marks -> the tagger's marks
 _TAG_OF = {"，": ",", "、": ",", "；": ",", "：": ",", "。": ".", "？": "?", "！": "!",
            ",": ",", ";": ",", ":": ",", ".": ".", "?": "?", "!": "!"}
-EDGE_PAUSE_MS = 350.0  # as [punct] pause_commit_ms: a sentence end at a window edge needs it
 _BREAK_AFTER = {".": 1.0, "?": 1.0, "!": 1.0, ",": 0.5, "": 0.0}
 
 
@@ -37,8 +36,11 @@ def mark_of(text: str) -> str:
 class ScriptTagger:
     """A ``PunctTagger`` that tags CJK words with the recogniser's marks, others with ``crf``."""
 
-    def __init__(self, crf) -> None:
+    def __init__(self, crf, edge_pause_ms: float | None = None) -> None:
         self.crf = crf
+        # [punct] pause_commit_ms, as the stream's own rule (None: its default)
+        self.edge_pause_ms = PunctConfig().pause_commit_ms if edge_pause_ms is None \
+            else edge_pause_ms
 
     def tag(
         self,
@@ -72,7 +74,7 @@ class ScriptTagger:
                 pause = pauses_ms[i] if pauses_ms is not None else None
                 last = right_context_complete and i == len(words) - 1
                 if (mark is not None and not last
-                        and edge_mark_set_aside(punct, mark, pause, EDGE_PAUSE_MS)):
+                        and edge_mark_set_aside(punct, mark, pause, self.edge_pause_ms)):
                     punct = ""  # the chunk-edge rule (subd.punct.stream) for CJK marks
                 out.append(WordTag(punct, "lower", _BREAK_AFTER[punct]))
         return out

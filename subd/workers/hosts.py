@@ -233,7 +233,8 @@ def make_punct_stream(**config: Any) -> StreamTagger:
     from subd.punct.stream import PunctConfig, PunctStream
 
     # Chinese and Japanese words keep the recogniser's marks (subd.punct.marks)
-    return PunctStream(ScriptTagger(shipped_tagger()), PunctConfig(**config) if config else None)
+    cfg = PunctConfig(**config)
+    return PunctStream(ScriptTagger(shipped_tagger(), cfg.pause_commit_ms), cfg)
 
 
 _TAGGERS: dict[tuple[int, int], Any] = {}
