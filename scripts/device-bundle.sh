@@ -21,7 +21,7 @@ pip wheel -q --wheel-dir "$out/wheels" --no-deps pysrt pytorch-crf pycparser red
     whisper-normalizer more-itertools indic-numtowords
 # only the LibriVox part: with the rest of pocketsphinx-testdata the tree and .benchdata passed
 # the device tool's 64 MiB (2026-12-05)
-rm -rf "$out/ps" && mkdir -p "$out/ps" && cp -r "$ps/librivox" "$out/ps/"
+rm -rf "$out/ps" && mkdir -p "$out/ps" && cp -r "$ps/librivox" "$ps/cards" "$out/ps/"
 # the configurations of docs/MEASUREMENTS.md's capacity runs (scripts/device-runs.sh)
 printf '[tick]\nlatency_ms = 2000\n\n[recognizer]\nencoder_span = "cut"\n' > "$out/cut.toml"
 printf '[tick]\nlatency_ms = 2000\n\n[recognizer]\nencoder_span = "cut"\nencoder_bucket_ms = 2000\ntrim_after_ms = 3000\n' > "$out/cut23.toml"

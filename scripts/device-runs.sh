@@ -23,6 +23,7 @@ case "${1:-}" in
   check)
     # the tests import subd from the checkout, which needs its two mapped packages
     ln -sfn ../models subd/models && ln -sfn ../kernels subd/kernels
+    export SUBD_GPU_TEST_MODEL="$R/.benchdata/tiny_en"  # the tests load tiny.en from here
     python -m pytest -q -p no:cacheprovider tests/test_layer_norm.py tests/test_gpu.py \
       tests/test_gpu_policy.py tests/test_gpu_marks.py tests/test_gpu_memory.py \
       tests/test_device_config.py 2>&1 | tail -n 15

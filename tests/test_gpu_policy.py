@@ -17,7 +17,7 @@ from batched_helpers import clip_files, read_wav, serial, stream_in_steps, toget
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
 
-MODEL = os.environ.get("SUBD_GPU_MODEL", "tiny.en")  # a portable copy on the GPU machine
+MODEL = os.environ.get("SUBD_GPU_TEST_MODEL", "tiny.en")  # a portable copy on the GPU machine
 OPTS = dict(min_update_ms=400, encoder_pad_ms=2000)
 
 
