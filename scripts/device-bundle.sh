@@ -5,8 +5,8 @@
 # by git; the device tool carries it (carry [".benchdata"], well under 64 MiB).
 #   .benchdata/wheels/   Python 3.12 wheels of subd's dependencies the GPU image lacks
 #   .benchdata/tiny_en/  tiny.en as a compact int8-rounded copy (models.portable, 38 MB)
-#   .benchdata/ps/       pocketsphinx-testdata's LibriVox clips (SUBD_POCKETSPHINX there; the
-#                        capacity runs' clips, ps/librivox)
+#   .benchdata/ps/       pocketsphinx-testdata's LibriVox and cards clips (SUBD_POCKETSPHINX
+#                        there; ps/librivox: the capacity runs' clips)
 #   .benchdata/cut.toml, cut23.toml  the capacity runs' configurations
 #   .benchdata/site.sh   sourced there: installs the wheels and subd into /tmp/site
 set -euo pipefail
@@ -19,8 +19,8 @@ pip download -q --dest "$out/wheels" --only-binary=:all: --python-version 3.12 \
 # pure Python (some ship only as sources): wheels built here run on any Python 3
 pip wheel -q --wheel-dir "$out/wheels" --no-deps pysrt pytorch-crf pycparser redis \
     whisper-normalizer more-itertools indic-numtowords
-# only the LibriVox part: with the rest of pocketsphinx-testdata the tree and .benchdata passed
-# the device tool's 64 MiB (2026-12-05)
+# only the LibriVox and cards parts (subd bench daemon streams both): with the rest of
+# pocketsphinx-testdata the tree and .benchdata passed the device tool's 64 MiB (2026-12-05)
 rm -rf "$out/ps" && mkdir -p "$out/ps" && cp -r "$ps/librivox" "$ps/cards" "$out/ps/"
 # the configurations of docs/MEASUREMENTS.md's capacity runs (scripts/device-runs.sh)
 printf '[tick]\nlatency_ms = 2000\n\n[recognizer]\nencoder_span = "cut"\n' > "$out/cut.toml"
