@@ -670,6 +670,24 @@ def test_a_word_over_silence_left_for_the_end_of_the_stream_is_not_committed(voi
         assert [w.text for w in rec.finish().committed] == kept
 
 
+def test_copies_of_the_last_words_are_no_word_the_final_decode_left_out(voiced):
+    """An earlier decode looped the stream's last word over that word's own audio ("the main
+    objective. That objective. That objective.", base at D = 2 s, read with probability
+    0.85-0.96 on speech); the final decode, on Whisper's full input, read it once. The copies
+    are not committed at the end of the stream; another word it left out still is."""
+    audio = np.concatenate([voiced, np.zeros(5 * SAMPLE_RATE_HZ // 2, np.float32)])  # speech: 4.8 s
+    said = [("in", 3.6, 3.9, 0.9), ("this", 3.9, 3.9, 0.9), ("regard,", 3.9, 4.7, 0.9)]
+    for copy, kept in (([("regard.", 4.7, 4.9, 0.9)], []),
+                       ([("regard,", 4.7, 4.8, 0.9), ("regard.", 4.8, 4.9, 0.9)], []),
+                       ([("this", 4.7, 4.75, 0.9), ("regard.", 4.75, 4.9, 0.9)], []),
+                       ([("regard,", 4.7, 4.8, 0.9), ("so", 4.8, 4.9, 0.9)], ["so"])):
+        rec = StreamingRecognizer(engine=_ScriptedEngine(said + copy, said))
+        _feed(rec, audio, 6.8)
+        rec.update(commit_until_ns=4_700 * MS)
+        _feed(rec, audio, 6.8 + 0.5)
+        assert [w.text for w in rec.finish().committed] == kept, copy
+
+
 def _spans_chosen(latency_ms: int, n: int, step_ms: int, cost_ms,
                   wait_ms: int = 0) -> list[bool]:
     """The span the daemon's planner chooses for each of ``n`` updates ``step_ms`` apart;

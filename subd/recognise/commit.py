@@ -209,6 +209,23 @@ def after_commit_point(words: list[Word], committed: Sequence[Word], committed_e
     return _restated_characters(out, committed)
 
 
+def restated_tail_dropped(words: Sequence[Word], committed: Sequence[Word]) -> list[Word]:
+    """``words`` without their leading copies of the committed tail's last 1-5 words, however
+    many times over: a stream's final decode (Whisper's full input, every word of the audio
+    heard) reads its last word once, and copies of it that an earlier decode looped over that
+    word's audio ("objective. That objective. That objective.", base at D = 2 s) are no word it
+    left out."""
+    tail = [norm_word(w.text) for w in committed[-5:]]
+    out = list(words)
+    while out:
+        n = next((n for n in range(min(5, len(out), len(tail)), 0, -1)
+                  if [norm_word(w.text) for w in out[:n]] == tail[-n:]), 0)
+        if not n:
+            break
+        out = out[n:]
+    return out
+
+
 def _restated_characters(out: list[Word], committed: Sequence[Word]) -> list[Word]:
     """Chinese and Japanese: a decode re-stating the committed tail may group its characters
     into other words: "認為" committed, then "认" (dropped by time) and "为" squeezed against

@@ -44,6 +44,7 @@ from subd.recognise.commit import (
     after_commit_point,
     decide,
     hypothesis_words,
+    restated_tail_dropped,
     stacked_tail_cut,
     unread_from,
 )
@@ -211,9 +212,11 @@ class StreamingRecognizer:
                     newly += self._take(more)
         # words of the last hypothesis after the final decode's (a word it left out), heard out
         # and read surely: after "not the main objective." the last decodes wrote "That"
-        # (probability 0.14-0.19) on the stream's last 0.4 s, the final one did not
-        left = [w for w in st.previous if w.start_ns >= st.committed_end_ns
-                and w.probability >= FINISH_MIN_PROBABILITY]
+        # (probability 0.14-0.19) on the stream's last 0.4 s, the final one did not; nor
+        # copies of the words the final decode ended on (restated_tail_dropped)
+        left = restated_tail_dropped(
+            [w for w in st.previous if w.start_ns >= st.committed_end_ns
+             and w.probability >= FINISH_MIN_PROBABILITY], st.committed)
         newly += self._take(self._heard(left))
         st.previous = []
         st.settled_end = end
