@@ -8,6 +8,7 @@
 #   .benchdata/ps/       pocketsphinx-testdata's LibriVox and cards clips (SUBD_POCKETSPHINX
 #                        there; ps/librivox: the capacity runs' clips)
 #   .benchdata/cut.toml, cut23.toml  the capacity runs' configurations
+#   .benchdata/cuda.toml             the quality run's: the daemon's recogniser on CUDA
 #   .benchdata/site.sh   sourced there: installs the wheels and subd into /tmp/site
 set -euo pipefail
 out=.benchdata
@@ -25,6 +26,7 @@ rm -rf "$out/ps" && mkdir -p "$out/ps" && cp -r "$ps/librivox" "$ps/cards" "$out
 # the configurations of docs/MEASUREMENTS.md's capacity runs (scripts/device-runs.sh)
 printf '[tick]\nlatency_ms = 2000\n\n[recognizer]\nencoder_span = "cut"\n' > "$out/cut.toml"
 printf '[tick]\nlatency_ms = 2000\n\n[recognizer]\nencoder_span = "cut"\nencoder_bucket_ms = 2000\ntrim_after_ms = 3000\n' > "$out/cut23.toml"
+printf '[recognizer]\ndevice = "cuda"\n' > "$out/cuda.toml"
 python - "$out/tiny_en" <<'EOF'
 import sys
 from pathlib import Path

@@ -7,11 +7,16 @@
 #   scripts/device-runs.sh capacity CONFIG STREAMS NAIVE [SIZE]
 #       `subd bench gpu --policy daemon` with 8 recogniser processes under CUDA MPS; CONFIG a
 #       file in .benchdata (cut.toml, cut23.toml), SIZE a capacity-mode size (large-v3-turbo)
+#   scripts/device-runs.sh quality SETS
+#       `subd bench quality --pace real` at D = 2 s, the daemon's recogniser on CUDA
+#       (.benchdata/cuda.toml), each clip its own stream; SETS: dev, heldout or dev,heldout
+#       (~6 min a set: run one a call)
 set -uo pipefail
 case "${1:-}" in
   check) ;;
   capacity) [ $# -ge 4 ] || { echo "usage: $0 capacity CONFIG STREAMS NAIVE [SIZE]" >&2; exit 2; } ;;
-  *) echo "usage: $0 check | capacity CONFIG STREAMS NAIVE [SIZE]" >&2; exit 2 ;;
+  quality) [ $# -ge 2 ] || { echo "usage: $0 quality SETS" >&2; exit 2; } ;;
+  *) echo "usage: $0 check | capacity CONFIG STREAMS NAIVE [SIZE] | quality SETS" >&2; exit 2 ;;
 esac
 command -v nvidia-smi >/dev/null || { echo "$0: no NVIDIA GPU here (run it on the GPU machine)" >&2; exit 2; }
 cd "$(dirname "$0")/.."
@@ -43,5 +48,10 @@ case "${1:-}" in
       --duration-s 12 --ramp-s 3 --warm-s 5 --max-rows 256 --gpu-processes 8 \
       --config "$R/.benchdata/$2" --plot "${OUT:-/tmp}/capacity.png" 2>&1 | grep -v "^INFO" | tail -n 60
     echo quit | nvidia-cuda-mps-control
+    ;;
+  quality)
+    cd /tmp && python -m subd.cli bench quality --model "$R/.benchdata/tiny_en" \
+      --config "$R/.benchdata/cuda.toml" --sets "$2" --per-clip --pace real --latencies 2000 \
+      --plot "" --show 2>&1 | grep -v "^INFO\|recogniser updates"
     ;;
 esac
