@@ -688,6 +688,22 @@ def test_copies_of_the_last_words_are_no_word_the_final_decode_left_out(voiced):
         assert [w.text for w in rec.finish().committed] == kept, copy
 
 
+def test_the_final_decode_writes_no_word_on_the_silence_at_the_very_end(voiced):
+    """At the end of a stream the audio after every word is known: a word the final decode
+    writes within the VAD's margin of the end is judged too ("themselves the.": "The" with
+    probability 0.00 on a clip's last 40 ms of silence, D = 0.5 s). A word over the speech
+    the stream ends on stays."""
+    said = [("in", 3.6, 3.9, 0.9), ("this", 3.9, 3.9, 0.9), ("regard,", 3.9, 4.7, 0.9)]
+    for tail_s, last, kept in ((0.5, ("The", 5.25, 5.25, 0.0), []),
+                               (0.0, ("so", 4.72, 4.8, 0.9), ["so"])):
+        audio = np.concatenate([voiced, np.zeros(int(tail_s * SAMPLE_RATE_HZ), np.float32)])
+        rec = StreamingRecognizer(engine=_ScriptedEngine(said, said + [last]))
+        _feed(rec, audio, 4.8 + tail_s)
+        words = list(rec.update(commit_until_ns=4_700 * MS).committed)
+        words += rec.finish().committed
+        assert [w.text for w in words] == ["in", "this", "regard,", *kept], last
+
+
 def _spans_chosen(latency_ms: int, n: int, step_ms: int, cost_ms,
                   wait_ms: int = 0) -> list[bool]:
     """The span the daemon's planner chooses for each of ``n`` updates ``step_ms`` apart;

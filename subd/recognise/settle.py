@@ -99,18 +99,20 @@ HEARD_MIN_SPEECH_MS = 90
 
 
 def heard(vad: VoiceActivityDetector, audio, words: Sequence[Word], first: int,
-          end: int) -> list[Word]:
+          end: int, stream_end: bool = False) -> list[Word]:
     """The ``words`` with speech under them, of samples [``first``, ``end``). Whisper writes
     words over silence: after a clip's last words, "In this regard," came back over the 2 s of
     silence that followed ("in this regard, in this regard"), timed there by DTW, and was
     committed at its deadline. Only a word heard out is judged: one within ``HEARD_MARGIN_MS``
     of the audio end is kept, as the VAD has not yet decided what follows it (judged there,
     held-out D = 1 s lost its commas: 0.50 -> 0.00). Speech is found once, from the first
-    word judged to the audio end, so a region is seen whole, not cut at a word's margin."""
+    word judged to the audio end, so a region is seen whole, not cut at a word's margin.
+    At the ``stream_end`` nothing follows the audio: every word is judged (the final decode of
+    a clip read "The" with probability 0.00 on the silence at its very end, D = 0.5 s)."""
     margin = HEARD_MARGIN_MS * SAMPLE_RATE_HZ // 1000
     spans = [(max(first, ns_to_samples(w.start_ns) - margin), ns_to_samples(w.end_ns) + margin)
              for w in words]
-    judged = [lo < hi <= end - FRAME_SAMPLES for lo, hi in spans]
+    judged = [lo < hi and (stream_end or hi <= end - FRAME_SAMPLES) for lo, hi in spans]
     if not any(judged):
         return list(words)
     lo0 = min(lo for (lo, _), j in zip(spans, judged, strict=True) if j)

@@ -107,6 +107,7 @@ class StreamingRecognizer:
         self.n_capped = 0  # decodes stopped by the window's token budget
         self.n_forced_cuts = 0
         self.deadline_mode = False  # the pipeline gives deadlines (update's commit_until_ns)
+        self._finishing = False  # finish() runs: the audio has ended (_heard)
 
     def read_from(self, reader: HistoryReader) -> None:
         """Read the window in place from the channel's shared audio history (the daemon's
@@ -185,6 +186,7 @@ class StreamingRecognizer:
 
     def finish(self) -> Hypothesis:
         """End of stream: decode what is left once more and commit everything."""
+        self._finishing = True
         st = self.state
         end = self.audio.end_sample
         newly: list[Word] = []
@@ -267,9 +269,11 @@ class StreamingRecognizer:
         return self._after_commit_point(cut_loop(words), forced=result.prefix_used)
 
     def _heard(self, words: list[Word]) -> list[Word]:
-        """Deadline mode: the words with speech under them, those heard out (settle.heard)."""
+        """Deadline mode: the words with speech under them, those heard out (settle.heard);
+        in ``finish``, every word (the audio has ended)."""
         return words if self.vad is None or not self.deadline_mode else heard(
-            self.vad, self.audio, words, self.state.window_start, self.audio.end_sample)
+            self.vad, self.audio, words, self.state.window_start, self.audio.end_sample,
+            stream_end=self._finishing)
 
     def _commit_sample(self) -> int:
         """The first sample of the window after the committed words."""
