@@ -21,7 +21,7 @@ In both modes the window can never overflow (``max_window_ms``: all but the last
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import Protocol
 
@@ -201,12 +201,19 @@ def after_commit_point(words: list[Word], committed: Sequence[Word], committed_e
         out = [w for w in words if w.start_ns >= cut or w is rest]
     if not committed or not out or out[0].start_ns > committed_end_ns + 1_000 * NS_PER_MS:
         return out
-    tail = [norm_word(w.text) for w in committed[-5:]]
-    for n in range(min(5, len(out), len(tail)), 0, -1):
-        if [norm_word(w.text) for w in out[:n]] == tail[-n:] and \
-                not (deadline and forced and _said_again(out[:n], committed[-n:])):
+    for n in _tail_copies(out, committed):
+        if not (deadline and forced and _said_again(out[:n], committed[-n:])):
             return out[n:]
     return _restated_characters(out, committed)
+
+
+def _tail_copies(words: Sequence[Word], committed: Sequence[Word]) -> Iterator[int]:
+    """Each n (5 down to 1) for which the first n of ``words`` say the committed tail's last
+    n words again (case and marks aside)."""
+    tail = [norm_word(w.text) for w in committed[-5:]]
+    for n in range(min(5, len(words), len(tail)), 0, -1):
+        if [norm_word(w.text) for w in words[:n]] == tail[-n:]:
+            yield n
 
 
 def restated_tail_dropped(words: Sequence[Word], committed: Sequence[Word]) -> list[Word]:
@@ -215,13 +222,8 @@ def restated_tail_dropped(words: Sequence[Word], committed: Sequence[Word]) -> l
     heard) reads its last word once, and copies of it that an earlier decode looped over that
     word's audio ("objective. That objective. That objective.", base at D = 2 s) are no word it
     left out."""
-    tail = [norm_word(w.text) for w in committed[-5:]]
     out = list(words)
-    while out:
-        n = next((n for n in range(min(5, len(out), len(tail)), 0, -1)
-                  if [norm_word(w.text) for w in out[:n]] == tail[-n:]), 0)
-        if not n:
-            break
+    while n := next(_tail_copies(out, committed), 0):
         out = out[n:]
     return out
 
