@@ -100,6 +100,37 @@ def test_a_decode_that_stops_short_keeps_the_last_readings_words_after_it(voiced
     assert [w.text for w in hyp.tentative] == ["then"]
 
 
+def test_a_guess_at_a_window_edge_that_no_later_decode_read_is_not_committed(voiced):
+    """At D = 1 s a decode ended "to reap any piece." ("piece." 20 ms before its window's end,
+    where Whisper guesses at a word cut short), the next ones stopped after "any", and the
+    guess was committed from that reading when due: every later decode, forced to continue
+    it, read "piece I have pecuniary". A due word its own decode did not hear out is dropped:
+    the decode that reads that audio again commits what it reads there."""
+    edge = [("to", 0.2, 0.5, 0.9), ("reap", 0.5, 0.8, 0.9), ("piece.", 0.9, 0.98, 0.4)]
+    later = [("to", 0.2, 0.5, 0.9), ("reap", 0.5, 0.8, 0.9), ("pecuniary", 0.9, 1.45, 0.9)]
+    for stopped in (edge[:2], []):  # a decode that stops short of it, and one that reads nothing
+        rec = StreamingRecognizer(engine=_ScriptedEngine(edge, stopped, later),
+                                  confident_min_probability=1.0)
+        _feed(rec, voiced, 1.0)
+        assert rec.update(commit_until_ns=0).committed == ()
+        _feed(rec, voiced, 1.2)
+        hyp = rec.update(commit_until_ns=1000 * MS)  # every word of the first reading is due
+        assert [w.text for w in hyp.committed] == ["to", "reap"]
+        assert hyp.tentative == ()
+        _feed(rec, voiced, 1.8)
+        hyp = rec.update(commit_until_ns=1500 * MS)
+        assert [w.text for w in hyp.committed] == ["pecuniary"]
+    # heard out (ending 150 ms before its decode's end), such a word is taken when due
+    heard = [*edge[:2], ("piece.", 0.9, 0.98, 0.4)]
+    rec = StreamingRecognizer(engine=_ScriptedEngine(heard, heard[:2]),
+                              confident_min_probability=1.0)
+    _feed(rec, voiced, 1.15)
+    rec.update(commit_until_ns=0)
+    _feed(rec, voiced, 1.35)
+    assert [w.text for w in rec.update(commit_until_ns=1000 * MS).committed] == \
+        ["to", "reap", "piece."]
+
+
 def test_a_word_waits_for_right_context_when_its_deadline_allows(voiced):
     """Long D: the decodes agree on "old-sposed" at once, but its deadline is far; the word
     stays tentative (shown as such) and is decided by the last decode before its deadline,

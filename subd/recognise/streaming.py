@@ -169,9 +169,8 @@ class StreamingRecognizer:
         full_span |= not self.deadline_mode and not st.committed
         words = self._decode(window, FULL_SPAN if full_span else None)
         if not words and st.previous and commit_until_ns is not None:
-            # nothing read where the last decode read words (the cut span at a stream's start
-            # read "and Mr." from 0.64 s, nothing from 1.08 and 1.28 s, then "Mr. John", and
-            # "And" was lost): no reading; words now due come from the last one
+            # nothing read where the last decode read words ("and Mr.", nothing twice, then
+            # "Mr. John" lost a stream's "And"): due words come from the last reading
             return self._hypothesis(self._take_due(commit_until_ns))
         unread = self._unread_tail(words) if commit_until_ns is not None else []
         newly = self._commit(words, end, commit_until_ns)
@@ -213,9 +212,8 @@ class StreamingRecognizer:
                         break
                     newly += self._take(more)
         # words of the last hypothesis after the final decode's (a word it left out), heard out
-        # and read surely: after "not the main objective." the last decodes wrote "That"
-        # (probability 0.14-0.19) on the stream's last 0.4 s, the final one did not; nor
-        # copies of the words the final decode ended on (restated_tail_dropped)
+        # and read surely (not "That", 0.14-0.19, on a stream's last 0.4 s), and no copies of
+        # the words the final decode ended on (restated_tail_dropped)
         left = restated_tail_dropped(
             [w for w in st.previous if w.start_ns >= st.committed_end_ns
              and w.probability >= FINISH_MIN_PROBABILITY], st.committed)
@@ -223,8 +221,6 @@ class StreamingRecognizer:
         st.previous = []
         st.settled_end = end
         return Hypothesis(committed=tuple(newly), tentative=(), audio_end_ns=samples_to_ns(end))
-
-    # -- internals -------------------------------------------------------------------------
 
     def _has_speech(self, first: int, end: int) -> bool:
         """Speech in samples [first, end)? (each frame analysed once: subd.recognise.settle)"""
@@ -314,12 +310,15 @@ class StreamingRecognizer:
                 if id(w) in heard]
 
     def _take_due(self, commit_until_ns: int) -> list[Word]:
-        """Commit the words of the last hypothesis that are due (ending by the deadline)."""
+        """Commit the due words of the last hypothesis (ending by the deadline), but drop a due
+        word its own decode did not hear out (streak 0: a guess at its window's edge): the next
+        decode that reads its audio decides it (MEASUREMENTS, "A guess at a window's edge")."""
         st = self.state
         n = 0
         while n < len(st.previous) and st.previous[n].end_ns <= commit_until_ns:
             n += 1
-        newly = self._take(st.previous[:n])
+        heard = next((i for i in range(n) if st.previous_streak[i] == 0), n)
+        newly = self._take(st.previous[:heard])
         st.previous, st.previous_streak = st.previous[n:], st.previous_streak[n:]
         return newly
 
