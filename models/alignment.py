@@ -146,11 +146,14 @@ def words_from_path(tokenizer: WhisperTokenizer, text_tokens: list[int], known: 
     first = int(boundaries[n_known_words])  # the first returned word's first token
     if out and first < known:  # the prefix ends inside this word
         added = tokenizer.decode(list(word_tokens[n_known_words][known - first:]))
-        if not any(ch.isalnum() for ch in added):
+        letters = [ch for ch in added if ch.isalnum()]
+        if not letters or (len(letters) == 1 and letters[0].isalpha() and added[0] != "-"):
             # only a mark after the prefix's last word ("circumstances" + ","): that word
             # again, not a new one. Timed from this window it can start 100 ms before the
             # committed end, and the stream committed it twice ("the circumstances
-            # circumstances, which")
+            # circumstances, which"). One letter more is no word either: it re-spells the
+            # committed word ("man" + "e", "Guinevere" + "r"), which cannot change, and alone
+            # it read as one ("ride a man e into the woods")
             out = out[1:]
         else:
             # the prefix's last word continued ("Gint" + "lane", "ill" + "-disposed"): it was

@@ -104,8 +104,10 @@ def test_a_guess_at_a_window_edge_that_no_later_decode_read_is_not_committed(voi
     """At D = 1 s a decode ended "to reap any piece." ("piece." 20 ms before its window's end,
     where Whisper guesses at a word cut short), the next ones stopped after "any", and the
     guess was committed from that reading when due: every later decode, forced to continue
-    it, read "piece I have pecuniary". A due word its own decode did not hear out is dropped:
-    the decode that reads that audio again commits what it reads there."""
+    it, read "piece I have pecuniary". A due word its own decode did not hear out, and read
+    unsurely, is dropped: the decode that reads that audio again commits what it reads there.
+    One Whisper was sure of is committed: decodes that read nothing after it do not make it
+    wrong ("we will not go back. Thank you" lost "will" and "you" that way)."""
     edge = [("to", 0.2, 0.5, 0.9), ("reap", 0.5, 0.8, 0.9), ("piece.", 0.9, 0.98, 0.4)]
     later = [("to", 0.2, 0.5, 0.9), ("reap", 0.5, 0.8, 0.9), ("pecuniary", 0.9, 1.45, 0.9)]
     for stopped in (edge[:2], []):  # a decode that stops short of it, and one that reads nothing
@@ -120,15 +122,35 @@ def test_a_guess_at_a_window_edge_that_no_later_decode_read_is_not_committed(voi
         _feed(rec, voiced, 1.8)
         hyp = rec.update(commit_until_ns=1500 * MS)
         assert [w.text for w in hyp.committed] == ["pecuniary"]
-    # heard out (ending 150 ms before its decode's end), such a word is taken when due
-    heard = [*edge[:2], ("piece.", 0.9, 0.98, 0.4)]
-    rec = StreamingRecognizer(engine=_ScriptedEngine(heard, heard[:2]),
-                              confident_min_probability=1.0)
-    _feed(rec, voiced, 1.15)
-    rec.update(commit_until_ns=0)
-    _feed(rec, voiced, 1.35)
-    assert [w.text for w in rec.update(commit_until_ns=1000 * MS).committed] == \
-        ["to", "reap", "piece."]
+    # heard out (ending 150 ms before its decode's end), or read surely, it is taken when due
+    sure = [*edge[:2], ("you.", 0.9, 0.98, 0.92)]
+    for script, end_s in ((edge, 1.15), (sure, 1.0)):
+        rec = StreamingRecognizer(engine=_ScriptedEngine(script, script[:2]),
+                                  confident_min_probability=1.0)
+        _feed(rec, voiced, end_s)
+        rec.update(commit_until_ns=0)
+        _feed(rec, voiced, end_s + 0.2)
+        assert [w.text for w in rec.update(commit_until_ns=1000 * MS).committed] == \
+            ["to", "reap", script[2][0]]
+
+
+def test_at_a_streams_end_a_due_guess_waits_for_the_final_decode(voiced):
+    """At D = 0.5 s a clip's last word was due before the stream's final decode was in, and
+    was committed from a decode that ended on it (its full stop set aside as a window edge's:
+    dev '.' F1 0.17). The last update before ``finish`` (``ending``) leaves such a guess to the
+    final decode, which reads it with the whole stream heard; one that decode leaves out is
+    still committed (``finish``)."""
+    edge = [("to", 0.2, 0.5, 0.9), ("reap", 0.5, 0.8, 0.9), ("you.", 0.9, 0.98, 0.92)]
+    for final in ([], edge):
+        rec = StreamingRecognizer(engine=_ScriptedEngine(edge, final),
+                                  confident_min_probability=1.0)
+        _feed(rec, voiced, 1.0)
+        rec.update(commit_until_ns=0)
+        hyp = rec.update(commit_until_ns=1000 * MS, ending=True)  # no new audio: no decode
+        assert [w.text for w in hyp.committed] == ["to", "reap"]
+        assert [w.text for w in hyp.tentative] == ["you."]
+        assert [w.text for w in rec.finish().committed] == ["you."]
+        assert rec.engine.n_calls == 2  # the final decode ran
 
 
 def test_a_word_waits_for_right_context_when_its_deadline_allows(voiced):

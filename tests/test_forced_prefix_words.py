@@ -7,7 +7,8 @@ committed end, and the stream committed it a second time ("the circumstances cir
 which": libri-2412 at D = 1 s on its own stream). A word the decode only adds letters to ("ill"
 + "-disposed", "Gint" + "lane") was a cut-off start, committed at its deadline: only the rest is
 returned, as a word of its own (the whole word had been committed after it: "Gint Gintlane had
-the sides", libritts-5895 at D = 2 s)."""
+the sides", libritts-5895 at D = 2 s), unless the rest is one letter, which only re-spells the
+committed word ("man" + "e": "ride a man e into the woods", libri-3436 at D = 1 s)."""
 
 from __future__ import annotations
 
@@ -54,3 +55,11 @@ def test_the_rest_of_a_continued_word_is_timed_from_its_own_tokens(engine):
     lane = timings[0]
     assert lane.text == " lane" and lane.tokens == tuple(tokens[2:3])
     assert lane.start_s == 2 * 3 * 0.02  # where "lane" starts, not where " G" did
+
+
+def test_one_letter_that_re_spells_the_prefixs_last_word_is_no_word(engine):
+    assert _words(engine, " ride a mane into the", " ride a man") == ["into", "the"]
+    assert _words(engine, " Queen Guineverer called", " Queen Guinevere") == ["called"]
+    assert _words(engine, " Queen Guineverer. Then", " Queen Guinevere") == ["Then"]
+    # a word's rest of more letters stays a word ("letter" + "press")
+    assert _words(engine, " the letterpress is", " the letter") == ["press", "is"]

@@ -55,7 +55,7 @@ class RecognitionLoop:
                 # the stream's last decode runs on Whisper's full input: the words due before
                 # it can be in are decided first, from the last reading (no new audio: no decode)
                 due = UpdateRequest(sent, self.planner.finish_until(self.grid, sent_ns),
-                                    full_span=plan is not None and plan.full_span)
+                                    full_span=plan is not None and plan.full_span, ending=True)
                 self._integrate(await self.recogniser.call(due, sent_ns))
                 sent_ns = planned_ns = self.clock.now_ns()
             plan = None if final else self.planner.plan(self.grid, planned_ns)

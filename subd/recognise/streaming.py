@@ -1,5 +1,4 @@
 """Streaming recognition over the Whisper engine: a sliding window and a commit policy.
-
 Policy (subd.recognise.commit): in the pipeline a word is committed at its deadline, from the
 hypothesis with the most right context that is in by then (``update(commit_until_ns)``); driven
 alone, LocalAgreement-2 with bounded lag, as follows.
@@ -18,9 +17,8 @@ alone, LocalAgreement-2 with bounded lag, as follows.
   once ``trim_after_ms`` of committed audio has built up (``_trim``), so an update's cost stays
   bounded. At ``max_window_ms`` without a commit, all but the last hypothesis word are committed
   and the window is cut there (DESIGN: "it drops speech").
-* Windows without speech are not decoded (VAD gating); loops are caught by the engine's
-  repetition guard and a token budget that grows with the window (``TOKENS_PER_S``).
-"""
+* Windows without speech are not decoded (VAD gating); loops: the engine's repetition guard
+  and a token budget that grows with the window (``TOKENS_PER_S``)."""
 
 from __future__ import annotations
 
@@ -69,6 +67,7 @@ STALL_SAMPLES = SAMPLE_RATE_HZ  # speech heard out this long must be in a decode
 STALL_LEAD_IN_SAMPLES = SAMPLE_RATE_HZ // 5  # kept before the commit point after a stall
 FINISH_ROUNDS = 2  # decodes after a stream's last one that may read on (finish) ...
 FINISH_MIN_PROBABILITY = 0.3  # ... kept where Whisper's mean probability of its words is this
+SURE_GUESS = 0.5  # a due guess at a window's edge this sure is committed (_take_due)
 GREEDY_POLICY = FallbackPolicy(temperatures=(0.0,))
 # A live decode's token budget grows with its window: offline decodes of the LibriVox clips and
 # of espeak-ng at 160 words/min take 3.2-4.4 tokens/s with the timestamps. On a cut input Whisper
@@ -143,18 +142,18 @@ class StreamingRecognizer:
 
         return update_costs(self)
 
-    def update(self, commit_until_ns: int | None = None, full_span: bool = False) -> Hypothesis:
+    def update(self, commit_until_ns: int | None = None, full_span: bool = False,
+               ending: bool = False) -> Hypothesis:
         """Decode the current window if enough new audio arrived; commit what is settled.
-
         ``commit_until_ns`` (deadline mode, subd.recognise.commit): every word ending by then
-        must be committed by this update, since no later result is in before its deadline.
-        ``full_span``: the encoder runs over Whisper's whole input, as offline, not over the
-        window plus ``encoder_pad_ms`` (the pipeline chooses: subd.pipeline.deadline)."""
+        must be committed now, as no later result is in before its deadline. ``full_span``:
+        the encoder runs over Whisper's whole input, not the window plus ``encoder_pad_ms``
+        (subd.pipeline.deadline). ``ending``: the last update before ``finish`` (_take_due)."""
         c, st = self.config, self.state
         end = self.audio.end_sample
         if end - st.last_decode_end < c.min_update_ms * SAMPLE_RATE_HZ // 1000:
             # no new decode: words now due are taken from the last hypothesis
-            due = [] if commit_until_ns is None else self._take_due(commit_until_ns)
+            due = [] if commit_until_ns is None else self._take_due(commit_until_ns, ending)
             return self._hypothesis(due)
         st.last_decode_end = end
         st.window_start = max(st.window_start, end - WINDOW_SAMPLES, self.audio.start_sample)
@@ -164,8 +163,7 @@ class StreamingRecognizer:
         if self.languages.resolve(window, self.vad) is None:
             return self._hypothesis([])  # "auto": more speech before the language is named
         self.deadline_mode |= commit_until_ns is not None
-        # driven alone, the full input until the first commit (the cut span read "And Mr. John"
-        # as "Mr. John" at a stream's start; README, the recogniser driven alone)
+        # driven alone, the full input until the first commit (the cut span lost "And" of "And Mr.")
         full_span |= not self.deadline_mode and not st.committed
         words = self._decode(window, FULL_SPAN if full_span else None)
         if not words and st.previous and commit_until_ns is not None:
@@ -309,16 +307,19 @@ class StreamingRecognizer:
         return [(w, s) for w, s in zip(st.previous[n:], st.previous_streak[n:], strict=True)
                 if id(w) in heard]
 
-    def _take_due(self, commit_until_ns: int) -> list[Word]:
-        """Commit the due words of the last hypothesis (ending by the deadline), but drop a due
-        word its own decode did not hear out (streak 0: a guess at its window's edge): the next
-        decode that reads its audio decides it (MEASUREMENTS, "A guess at a window's edge")."""
-        st = self.state
-        n = 0
+    def _take_due(self, commit_until_ns: int, ending: bool = False) -> list[Word]:
+        """Commit the due words of the last hypothesis, but not a guess at a window's edge (not
+        heard out by its decode: streak 0): unsure, it is dropped for the next decode that reads
+        its audio; ``ending``, any waits for the final decode (``finish`` keeps one that leaves
+        it out). MEASUREMENTS, "A guess at a window's edge"."""
+        st, n = self.state, 0
         while n < len(st.previous) and st.previous[n].end_ns <= commit_until_ns:
             n += 1
-        heard = next((i for i in range(n) if st.previous_streak[i] == 0), n)
-        newly = self._take(st.previous[:heard])
+        guess = [s == 0 and (ending or w.probability < SURE_GUESS) for w, s in
+                 zip(st.previous[:n], st.previous_streak, strict=False)]
+        k = guess.index(True) if True in guess else n
+        newly = self._take(st.previous[:k])
+        n = k if ending else n
         st.previous, st.previous_streak = st.previous[n:], st.previous_streak[n:]
         return newly
 

@@ -65,6 +65,9 @@ class UpdateRequest:
     # the encoder runs over Whisper's whole 30 s input, not the recogniser's cut span
     # (subd.pipeline.deadline); False: the recogniser's own setting
     full_span: bool = False
+    # the stream's last update, before its final decode: a due guess at a window's edge waits
+    # for that decode (StreamingRecognizer.update's ``ending``)
+    ending: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,6 +112,7 @@ class RecogniserHost:
         # by its own policy, on its own span)
         self.takes_deadline = accepts(self.recognizer.update, "commit_until_ns")
         self.takes_span = accepts(self.recognizer.update, "full_span")
+        self.takes_ending = accepts(self.recognizer.update, "ending")
         # what its updates cost, measured before the channel's first words (the planner's
         # first expectation, subd.recognise.warmup); not again for a channel resumed
         # mid-stream, whose planner has measured its own
@@ -142,6 +146,8 @@ class RecogniserHost:
             hyp = self.recognizer.finish()
         elif request.commit_until_ns is not None and self.takes_deadline:
             span = {"full_span": True} if request.full_span and self.takes_span else {}
+            if request.ending and self.takes_ending:
+                span["ending"] = True
             hyp = self.recognizer.update(commit_until_ns=request.commit_until_ns, **span)
         else:
             hyp = self.recognizer.update()
