@@ -315,12 +315,11 @@ class StreamingRecognizer:
         st, n = self.state, 0
         while n < len(st.previous) and st.previous[n].end_ns <= commit_until_ns:
             n += 1
-        guess = [s == 0 and (ending or w.probability < SURE_GUESS) for w, s in
-                 zip(st.previous[:n], st.previous_streak, strict=False)]
-        k = guess.index(True) if True in guess else n
+        k = next((i for i in range(n) if st.previous_streak[i] == 0
+                  and (ending or st.previous[i].probability < SURE_GUESS)), n)
         newly = self._take(st.previous[:k])
-        n = k if ending else n
-        st.previous, st.previous_streak = st.previous[n:], st.previous_streak[n:]
+        kept = k if ending else n  # the first guess on: kept for the final decode, or dropped
+        st.previous, st.previous_streak = st.previous[kept:], st.previous_streak[kept:]
         return newly
 
     def _take(self, words: list[Word]) -> list[Word]:

@@ -145,10 +145,10 @@ class RecogniserHost:
         if isinstance(request, FinishRequest):
             hyp = self.recognizer.finish()
         elif request.commit_until_ns is not None and self.takes_deadline:
-            span = {"full_span": True} if request.full_span and self.takes_span else {}
+            kwargs = {"full_span": True} if request.full_span and self.takes_span else {}
             if request.ending and self.takes_ending:
-                span["ending"] = True
-            hyp = self.recognizer.update(commit_until_ns=request.commit_until_ns, **span)
+                kwargs["ending"] = True
+            hyp = self.recognizer.update(commit_until_ns=request.commit_until_ns, **kwargs)
         else:
             hyp = self.recognizer.update()
         decoded = n_decodes is None or self.recognizer.n_decodes != n_decodes
