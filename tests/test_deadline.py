@@ -535,11 +535,37 @@ def test_a_fixed_encoder_span_is_kept(span):
     from subd.pipeline.deadline import UpdatePlanner
 
     planner = UpdatePlanner(span)
+    planner.started = True  # past a channel's first words (the test below)
     grid = TickGrid.create("30", T0_NS, 2000, 150)
     plans = [planner.plan(grid, T0_NS + i * 200 * MS) for i in range(5)]
     assert all(p.full_span == (span == "full") for p in plans)
     with pytest.raises(ValueError, match="encoder span"):
         UpdatePlanner("half")
+
+
+@pytest.mark.parametrize("latency_ms,start_full", [
+    (2000, True),  # the full input leaves the first words ~1.2 s of right context
+    (1000, False),  # it would leave them ~0.2 s: the cut span
+])
+def test_a_channels_first_words_are_read_on_the_full_input_where_that_pays(latency_ms,
+                                                                             start_full):
+    """encoder_span = "cut" (the default): until the channel has committed a word, its updates
+    run over Whisper's whole input where that leaves the due words 0.75 s of right context
+    (those words have no words before them: the cut span's short window read them worse);
+    from the update after its first commit on, the cut span. Every word is still published
+    at its tick."""
+    cost_ms = {True: 300, False: 120}
+    sink, recognizer, _ = _run_pipeline(
+        latency_ms, 8.0, 15, lambda r: cost_ms[getattr(r, "full_span", False)] * MS)
+    first = recognizer.words[0].end_ns
+    n_start = 1 + next(i for i, (_, until, _) in enumerate(recognizer.plans)
+                       if until is not None and until >= first)  # up to the first commit
+    assert recognizer.spans[:n_start] == [start_full] * n_start
+    assert len(recognizer.spans) > n_start and not any(recognizer.spans[n_start:])
+    grid = TickGrid.create("30", T0_NS, latency_ms, 150)
+    shown = [(tw.word, s.k) for s in sink.states for tw in s.committed]
+    assert [w.text for w, _ in shown] == [w.text for w in recognizer.words]
+    assert [k for _, k in shown] == [_tick_of(grid, w.end_ns) for w, _ in shown]
 
 
 def test_marks_the_recogniser_wrote_with_right_context_are_kept_at_the_deadline():

@@ -12,6 +12,13 @@ The encoder span is chosen here too, per update (``[recognizer] encoder_span``):
   to ``encoder_bucket_ms``; the window keeps up to ``trim_after_ms`` (15 s) of committed audio,
   the sentence the due words belong to. Its cost grows with the window (tiny.en int8 on one core
   of the 2-core Xeon: 0.09-0.17 s an update at p50, against 0.28-0.30 s for the full input).
+  A channel's first words are the exception: until it has committed a word (``started``, set by
+  the pipeline) a channel that has its recogniser to itself decodes on the full input where that
+  leaves the due words ``FULL_SPAN_CONTEXT_NS`` of right context. Those words have no words
+  before them, and the cut span's short window read them worse (dev "Unless to be" -> "A less
+  to be", "And Mr. John" -> "Mr John"; held-out "It imitates a much freer hand" -> "Imitate so
+  much for your hand"): `subd bench quality --pace cpu --update-ms 300,170`, D = 2 s, WER dev
+  6.3 -> 6.0 %, held-out 7.3 -> 5.5 % (docs/MEASUREMENTS.md, "A stream's first words").
 * ``"full"``: Whisper's whole 30 s input, as offline transcription: the same cost whatever the
   window holds.
 * ``"auto"``: full whenever that still leaves the due words ``FULL_SPAN_CONTEXT_NS`` of right
@@ -137,6 +144,9 @@ class UpdatePlanner:
         self._last_measured: dict[bool, int | None] = {False: None, True: None}
         self._n_plans = 0
         self._on_full = False  # the last choice that was not a probe
+        # the channel has committed words (set by the pipeline): until then "cut" gives way
+        # to the full input where that pays (module docstring)
+        self.started = False
         # send to next result, ns, by the kinds of the two updates: a probe of the full input
         # (base on one core: 1.35 s against 0.4 s cut) is not the horizon of cut updates
         self._horizons: dict[tuple[bool, bool], collections.deque] = collections.defaultdict(
@@ -280,8 +290,12 @@ class UpdatePlanner:
         return waiting and full_ctx >= context(False) - FULL_SPAN_SLACK_NS
 
     def _choose_full(self, grid: TickGrid, gap_ns: int) -> bool:
-        if self.span != "auto" or self.planned_cost_ns:
+        if self.planned_cost_ns:
             # a planned cost is the same for both kinds: the full input leaves as much context
+            return self.span != "cut"
+        if self.span == "cut" and not self.started and not self.shared():
+            return self._full_pays(grid, gap_ns, False)  # a channel's first words
+        if self.span != "auto":
             return self.span != "cut"
         probe = self._probe_due(self._n_plans, grid, gap_ns)
         if probe is not None:

@@ -230,6 +230,8 @@ class Pipeline(RecognitionLoop, TickPublisher):
     def _integrate(self, result: RecogniseResult, final: bool = False) -> None:
         hyp = result.hypothesis
         self.words.add_hypothesis(hyp)
+        if hyp.committed:
+            self.planner.started = True
         self._rec_audio_end_ns = max(self._rec_audio_end_ns, hyp.audio_end_ns)
         # not the furthest: after a decode that stopped short of the last one's words, the
         # speech after them is no pause (subd.recognise.streaming._settle)
