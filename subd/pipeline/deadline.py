@@ -18,7 +18,8 @@ The encoder span is chosen here too, per update (``[recognizer] encoder_span``):
   before them, and the cut span's short window read them worse (dev "Unless to be" -> "A less
   to be", "And Mr. John" -> "Mr John"; held-out "It imitates a much freer hand" -> "Imitate so
   much for your hand"): `subd bench quality --pace cpu --update-ms 300,170`, D = 2 s, WER dev
-  6.3 -> 6.0 %, held-out 7.3 -> 5.5 % (docs/MEASUREMENTS.md, "A stream's first words").
+  6.3 -> 6.0 %, held-out 7.3 -> 5.5 % (docs/MEASUREMENTS.md, "A stream's first words on the
+  full input").
 * ``"full"``: Whisper's whole 30 s input, as offline transcription: the same cost whatever the
   window holds.
 * ``"auto"``: full whenever that still leaves the due words ``FULL_SPAN_CONTEXT_NS`` of right
