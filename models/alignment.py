@@ -27,6 +27,7 @@ class WordTiming:
     start_s: float  # relative to the window start
     end_s: float
     probability: float
+    joined: bool = False  # the rest of the forced prefix's last word (words_from_path)
 
 
 def dtw_path(cost: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -160,10 +161,10 @@ def words_from_path(tokenizer: WhisperTokenizer, text_tokens: list[int], known: 
             # a cut-off start and is committed, so only the rest is new, timed from its own
             # tokens; the whole word after it read as a stutter ("Gint Gintlane had the sides")
             w = out[0]
-            out[0] = WordTiming(text=" " + added.lstrip().lstrip("-"),
+            out[0] = WordTiming(text=added.lstrip(),
                                 tokens=tuple(word_tokens[n_known_words][known - first:]),
                                 start_s=max(w.start_s, float(jump_times[known])),
-                                end_s=w.end_s, probability=w.probability)
+                                end_s=w.end_s, probability=w.probability, joined=True)
     return out
 
 

@@ -75,6 +75,18 @@ def word_splitter(tokenizer, language: str | None) -> Splitter:
     return tokenizer.split_to_words
 
 
+def prompt_of(words) -> str:
+    """``prompt_text`` of committed words (subd.types.Word), each ``joined`` one spelled as
+    part of the word before it, as Whisper wrote them ("letter" + "press": " letterpress")."""
+    texts: list[str] = []
+    for word in words:
+        if word.joined and texts:
+            texts[-1] += word.text
+        else:
+            texts.append(word.text)
+    return prompt_text(texts)
+
+
 def prompt_text(texts: list[str] | tuple[str, ...]) -> str:
     """Words as Whisper would have written them, to encode as a prompt or a forced prefix:
     English " one two", Chinese "很难避免" (no spaces, no leading space), mixed "用 Debian 系统"."""

@@ -53,12 +53,15 @@ class Features:
 
 @dataclass(frozen=True, slots=True)
 class Word:
-    """A recognised word. ``text`` is the recogniser's spelling (no leading space)."""
+    """A recognised word. ``text`` is the recogniser's spelling (no leading space).
+    ``joined``: the rest of the word before it, which was committed cut short and which a later
+    decode continued ("letter" + "press"): shown without a space between them."""
 
     text: str
     start_ns: int
     end_ns: int
     probability: float = 1.0
+    joined: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -615,7 +615,7 @@ def test_trusted_case_agrees_with_the_marks_decided_before_it():
 
 def test_a_word_cut_at_its_deadline_is_completed_not_repeated(voiced):
     """D short: "ill" (the start of "ill-disposed", heard out by its aligned end) is due and
-    committed; the next decode spells the whole word: only its rest is new."""
+    committed; the next decode spells the whole word: only its rest is new, joined to it."""
     cut = [("an", 0.2, 0.4, 0.9), ("ill", 0.4, 0.6, 0.9)]
     whole = [("an", 0.2, 0.4, 0.9), ("ill-disposed", 0.45, 1.0, 0.9), ("young", 1.0, 1.3, 0.9)]
     rec = StreamingRecognizer(engine=_ScriptedEngine(cut, whole), confident_min_probability=1.0)
@@ -623,7 +623,8 @@ def test_a_word_cut_at_its_deadline_is_completed_not_repeated(voiced):
     assert [w.text for w in rec.update(commit_until_ns=700 * MS).committed] == ["an", "ill"]
     _feed(rec, voiced, 1.5)
     hyp = rec.update(commit_until_ns=1500 * MS)
-    assert [w.text for w in hyp.committed] == ["disposed", "young"]
+    assert [(w.text, w.joined) for w in hyp.committed] == [("-disposed", True),
+                                                           ("young", False)]
 
 
 def test_a_looped_phrase_timed_past_the_audio_is_not_speech():

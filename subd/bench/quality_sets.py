@@ -252,7 +252,12 @@ class Published:
 
     def on_publish(self, state, sent_ns: int) -> None:
         for tw in state.committed:  # untagged words keep their mark in the text ("them.")
-            self.words.append((tw.text + tw.punct, None, tw.word.end_ns, sent_ns))
+            text = tw.text + tw.punct
+            last = self.words[-1][0] if self.words else ""
+            if tw.word.joined and last[-1:].isalnum():  # the rest of the word before, as shown
+                self.words[-1] = (last + text, *self.words[-1][1:])
+            else:
+                self.words.append((text, None, tw.word.end_ns, sent_ns))
 
 
 def latency_summary(lat: np.ndarray) -> dict[str, float]:

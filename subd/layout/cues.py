@@ -125,16 +125,20 @@ class DisplayLine:
 
 
 def token_of(word: TaggedWord) -> Token:
+    """``word`` as displayed; the rest of a word committed cut short (``Word.joined``) is glued
+    to the word before it."""
     text = word.text.strip() or word.word.text.strip()
+    joined = word.word.joined
     if word.case == "upper":
         text = text.upper()
-    elif word.case == "cap" and text[:1].islower():
+    elif word.case == "cap" and text[:1].islower() and not joined:
         text = text[:1].upper() + text[1:]
     if word.punct and not text.endswith(word.punct):
         text += word.punct
     if has_cjk(text):
         text = fullwidth_marks(text)  # "很好," -> "很好，"
-    return Token(text, word.word.start_ns, word.word.end_ns, word.punct, word.break_after)
+    return Token(text, word.word.start_ns, word.word.end_ns, word.punct, word.break_after,
+                 glue_before=joined)
 
 
 def cue_chars(lines: Iterable[str]) -> int:

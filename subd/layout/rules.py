@@ -43,7 +43,8 @@ class Token:
     """One layout unit: a word as displayed (case and punctuation applied), with audio times.
 
     ``glue_before`` marks the continuation piece of a word split because it was longer than a
-    line: nothing may be inserted between the pieces except a line break.
+    line, or the rest of a word committed cut short (``Word.joined``): nothing may be inserted
+    between the pieces except a line break.
     """
 
     text: str
@@ -123,7 +124,7 @@ def split_long(token: Token, max_chars: int) -> list[Token]:
                 end_ns=end,
                 punct=token.punct if last else "",
                 break_after=token.break_after if last else 0.0,
-                glue_before=idx > 0,
+                glue_before=idx > 0 or token.glue_before,
             )
         )
     return out
@@ -141,9 +142,11 @@ def _cut_wide(text: str, max_cols: int) -> list[str]:
 
 
 def _sep(left: Token, right: Token) -> str:
-    """Between two tokens of a line: nothing inside a split word or between CJK characters,
-    else a space (subd.script.joiner)."""
-    return "" if right.glue_before else joiner(left.text, right.text)
+    """Between two tokens of a line: nothing inside a split word (a long one, or one committed
+    cut short and continued: unless a mark went after its first part) or between CJK
+    characters, else a space (subd.script.joiner)."""
+    glued = right.glue_before and (left.text[-1:].isalnum() or left.text.endswith("-"))
+    return "" if glued else joiner(left.text, right.text)
 
 
 def line_text(tokens: list[Token] | tuple[Token, ...]) -> str:

@@ -167,7 +167,8 @@ def hypothesis_words(timings: Sequence[WordTiming], offset_ns: int) -> list[Word
                 words[-1] = replace(words[-1], text=words[-1].text + text)
             continue
         words.append(Word(text=text, start_ns=offset_ns + int(w.start_s * 1e9),
-                          end_ns=offset_ns + int(w.end_s * 1e9), probability=w.probability))
+                          end_ns=offset_ns + int(w.end_s * 1e9), probability=w.probability,
+                          joined=w.joined))
     return words
 
 
@@ -276,17 +277,18 @@ def _said_again(copy: Sequence[Word], said: Sequence[Word]) -> bool:
 def _rest_of_cut_word(word: Word, last: Word) -> Word:
     """A word committed at its deadline may have been a cut-off start of a longer one ("ill"
     of "ill-disposed"): when the next decode spells the whole word right after it, only the
-    rest is new ("disposed"), not the word again ("ill ill-disposed")."""
+    rest is new ("-disposed", joined to "ill": shown "ill-disposed"), not the word again ("ill
+    ill-disposed")."""
     head, text = norm_word(last.text), word.text.strip()
     if not head or word.start_ns > last.end_ns + 200 * NS_PER_MS:
         return word
     letters = [i for i, ch in enumerate(text) if ch.isalnum() or ch == "'"]
     if len(letters) <= len(head) or norm_word(text[:letters[len(head) - 1] + 1]) != head:
         return word
-    rest = text[letters[len(head) - 1] + 1:].lstrip("-")
-    if not rest or not norm_word(rest) or text[letters[len(head) - 1] + 1] not in "-":
+    rest = text[letters[len(head) - 1] + 1:]
+    if not rest.startswith("-") or not norm_word(rest):
         return word  # "Fives" after "Five" is another word, not the rest of it
-    return Word(rest, word.start_ns, word.end_ns, word.probability)
+    return Word(rest, word.start_ns, word.end_ns, word.probability, joined=True)
 
 
 def unread_from(words: Sequence[Word], previous: Sequence[Word]) -> int:

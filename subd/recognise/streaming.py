@@ -37,7 +37,7 @@ from subd.models.engine import (
     WhisperEngine,
     live_threads,
 )
-from subd.models.words import prompt_text
+from subd.models.words import prompt_of
 from subd.recognise.commit import (
     after_commit_point,
     decide,
@@ -232,13 +232,13 @@ class StreamingRecognizer:
         window_start_ns = samples_to_ns(st.window_start)
         before = [w for w in st.committed[-PROMPT_WORDS:] if w.start_ns < window_start_ns]
         if before:
-            prompt = self.engine.tokenizer.encode(prompt_text([w.text for w in before]))
+            prompt = self.engine.tokenizer.encode(prompt_of(before))
         # words committed inside the window are forced as a prefix: only the tail is decoded
         inside = [w for w in st.committed if w.start_ns >= window_start_ns]
         prefix: tuple[int, ...] = ()
         if inside and self.languages.policy(self.config).force_committed_prefix:  # CJK: no
             tok = self.engine.tokenizer
-            text = tok.encode(prompt_text([w.text for w in inside]))
+            text = tok.encode(prompt_of(inside))
             prefix = (tok.special.timestamp_begin, *text)
         # after a stall (_trim) it may fall back, as offline (CJK deadline mode: fallback_for)
         policy = self.languages.fallback(
@@ -331,7 +331,7 @@ class StreamingRecognizer:
             if w.end_ns <= st.committed_end_ns and inside and st.committed:
                 continue  # in committed audio (deadline mode: no duration at its end is new)
             start = max(w.start_ns, st.committed_end_ns)
-            out.append(Word(w.text, start, max(start, w.end_ns), w.probability))
+            out.append(replace(w, start_ns=start, end_ns=max(start, w.end_ns)))
             st.committed.append(out[-1])
             st.committed_end_ns = out[-1].end_ns
         if len(st.committed) > 4 * PROMPT_WORDS:

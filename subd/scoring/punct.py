@@ -187,7 +187,7 @@ _RECOGNISER_FILES = (
     "models/alignment.py", "models/decoding.py", "models/loading.py", "models/whisper.py",
     "models/tokenizer.py", "kernels/mel.py",
 )
-_CACHE_FORMAT = 1
+_CACHE_FORMAT = 2  # 2: each word row ends with Word.joined
 
 
 def default_cache_dir() -> Path:
@@ -215,14 +215,14 @@ def recogniser_code_hash() -> str:
 
 def _hyp_to_json(h: Hypothesis) -> dict:
     def words(ws: tuple[Word, ...]) -> list:
-        return [[w.text, w.start_ns, w.end_ns, w.probability] for w in ws]
+        return [[w.text, w.start_ns, w.end_ns, w.probability, w.joined] for w in ws]
 
     return {"c": words(h.committed), "t": words(h.tentative), "end": h.audio_end_ns}
 
 
 def _hyp_from_json(d: dict) -> Hypothesis:
     def words(rows: list) -> tuple[Word, ...]:
-        return tuple(Word(str(t), int(s), int(e), float(p)) for t, s, e, p in rows)
+        return tuple(Word(str(t), int(s), int(e), float(p), bool(j)) for t, s, e, p, j in rows)
 
     return Hypothesis(words(d["c"]), words(d["t"]), int(d["end"]))
 

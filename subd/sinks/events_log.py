@@ -52,7 +52,7 @@ def tick_record(state: CaptionState, sent_ns: int) -> dict:
                 "w": word_display(tw),
                 "start_ms": tw.word.start_ns // NS_PER_MS,
                 "end_ms": tw.word.end_ns // NS_PER_MS,
-            }
+            } | ({"joined": True} if tw.word.joined else {})  # the rest of the word before
             for tw in state.committed
         ],
         "tentative": state.tentative,

@@ -98,8 +98,11 @@ def _payload(kind: str, state: CaptionState, extra: dict[str, Any], w0: int,
 
 
 def delta_rows(state: CaptionState) -> tuple[list[list[Any]], list[list[Any]]]:
-    """A tick's committed words and closed cues as a ``delta`` event carries them."""
-    words = [[w.text, w.start_ns, w.end_ns] for w in map(token_of, state.committed)]
+    """A tick's committed words and closed cues as a ``delta`` event carries them: a word is
+    ``[text, start_ns, end_ns]``, and ``[text, start_ns, end_ns, 1]`` for the rest of the word
+    before it (``Word.joined``: shown without a space)."""
+    words = [[w.text, w.start_ns, w.end_ns, *((1,) if w.glue_before else ())]
+             for w in map(token_of, state.committed)]
     return words, [cue_json(c) for c in state.cues if c.committed]  # laid out by the pipeline
 
 
