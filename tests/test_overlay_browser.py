@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import dataclasses
 import json
 import re
 import shutil
@@ -167,6 +168,23 @@ def test_overlay_shows_words_in_real_chromium() -> None:
 
     asyncio.run(main())
     assert (ARTIFACTS / "overlay.png").stat().st_size > 1000
+
+
+def test_overlay_shows_the_rest_of_a_word_joined_to_it() -> None:
+    """A word committed cut short and its rest (``Word.joined``, the delta row's fourth
+    element) read as one word in the roll-up overlay: "letterpress", not "letter press"."""
+    words = list(script_words("Types composed to form letter press today."))
+    i = next(i for i, tw in enumerate(words) if tw.text == "press")
+    words[i] = dataclasses.replace(words[i], word=dataclasses.replace(words[i].word,
+                                                                      joined=True))
+
+    async def main() -> None:
+        async with scripted_feeder(script_states(words)) as base, chromium() as cdp:
+            await cdp.call("Page.navigate", url=f"{base}/overlay?size=40&lines=2")
+            seen = await wait_for_words(cdp, ["letterpress", "today."])
+            assert "letter press" not in seen
+
+    asyncio.run(main())
 
 
 def test_overlay_rejects_bad_query_with_one_line() -> None:
