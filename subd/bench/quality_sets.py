@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from subd.errors import UserError
+from subd.layout.rules import takes_rest
 from subd.scoring.punct import MARKS, SENTENCE_END, Scores, reference_words, split_marked
 from subd.scoring.wer import normalise, word_errors
 
@@ -254,7 +255,7 @@ class Published:
         for tw in state.committed:  # untagged words keep their mark in the text ("them.")
             text = tw.text + tw.punct
             last = self.words[-1][0] if self.words else ""
-            if tw.word.joined and last[-1:].isalnum():  # the rest of the word before, as shown
+            if tw.word.joined and takes_rest(last):  # the rest of the word before, as shown
                 self.words[-1] = (last + text, *self.words[-1][1:])
             else:
                 self.words.append((text, None, tw.word.end_ns, sent_ns))

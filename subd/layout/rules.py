@@ -141,11 +141,18 @@ def _cut_wide(text: str, max_cols: int) -> list[str]:
     return pieces + [cur] if cur else pieces
 
 
+def takes_rest(left: str) -> bool:
+    """Whether the rest of a word (a split piece, ``Word.joined``) is glued to ``left``: where
+    that ends in a letter, a digit or a hyphen; after a mark the two stay apart ("letter,
+    press")."""
+    return left[-1:].isalnum() or left.endswith("-")
+
+
 def _sep(left: Token, right: Token) -> str:
     """Between two tokens of a line: nothing inside a split word (a long one, or one committed
-    cut short and continued: unless a mark went after its first part) or between CJK
-    characters, else a space (subd.script.joiner)."""
-    glued = right.glue_before and (left.text[-1:].isalnum() or left.text.endswith("-"))
+    cut short and continued: ``takes_rest``) or between CJK characters, else a space
+    (subd.script.joiner)."""
+    glued = right.glue_before and takes_rest(left.text)
     return "" if glued else joiner(left.text, right.text)
 
 
