@@ -4,9 +4,10 @@
 #   scripts/device-runs.sh check
 #       the GPU tests, then `subd bench daemon --device cpu,cuda` (4 channels, float32 on both,
 #       updates planned at 700 / 650 ms: the same captions expected on both devices)
-#   scripts/device-runs.sh capacity CONFIG STREAMS NAIVE [SIZE]
+#   scripts/device-runs.sh capacity CONFIG STREAMS NAIVE [SIZE [DECISIONS]]
 #       `subd bench gpu --policy daemon` with 8 recogniser processes under CUDA MPS; CONFIG a
-#       file in .benchdata (cut.toml, cut23.toml), SIZE a capacity-mode size (large-v3-turbo)
+#       file in .benchdata (cut.toml, cut23.toml), SIZE a capacity-mode size (large-v3-turbo),
+#       DECISIONS its --capacity-decisions (transcript, the default, or model)
 #   scripts/device-runs.sh quality SETS
 #       `subd bench quality --pace real` at D = 2 s, the daemon's recogniser on CUDA
 #       (.benchdata/cuda.toml), each clip its own stream; SETS: dev, heldout or dev,heldout
@@ -14,9 +15,9 @@
 set -uo pipefail
 case "${1:-}" in
   check) ;;
-  capacity) [ $# -ge 4 ] || { echo "usage: $0 capacity CONFIG STREAMS NAIVE [SIZE]" >&2; exit 2; } ;;
+  capacity) [ $# -ge 4 ] || { echo "usage: $0 capacity CONFIG STREAMS NAIVE [SIZE [DECISIONS]]" >&2; exit 2; } ;;
   quality) [ $# -ge 2 ] || { echo "usage: $0 quality SETS" >&2; exit 2; } ;;
-  *) echo "usage: $0 check | capacity CONFIG STREAMS NAIVE [SIZE] | quality SETS" >&2; exit 2 ;;
+  *) echo "usage: $0 check | capacity CONFIG STREAMS NAIVE [SIZE [DECISIONS]] | quality SETS" >&2; exit 2 ;;
 esac
 command -v nvidia-smi >/dev/null || { echo "$0: no NVIDIA GPU here (run it on the GPU machine)" >&2; exit 2; }
 cd "$(dirname "$0")/.."
@@ -42,7 +43,7 @@ case "${1:-}" in
     mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
     nvidia-cuda-mps-control -d
     cap=()
-    [ -n "${5:-}" ] && cap=(--capacity "$5")
+    [ -n "${5:-}" ] && cap=(--capacity "$5" --capacity-decisions "${6:-transcript}")
     cd /tmp && python -m subd.cli bench gpu --policy daemon --model "$R/.benchdata/tiny_en" \
       --clips "$R/.benchdata/ps/librivox" "${cap[@]}" --streams "$3" --naive-streams "$4" \
       --duration-s 12 --ramp-s 3 --warm-s 5 --max-rows 256 --gpu-processes 8 \

@@ -76,3 +76,49 @@ def test_bench_gpu_capacity_mode_says_so_and_runs_the_daemon_policy(speech_clips
                   r"(\d+) rows stopped short", out)
     assert m and int(m[1]) > 0 and int(m[2]) > int(m[1]) and m[3] == "0"
     assert re.search(r"largest N served .*: batched \d+, naive \d+", out)
+    # the default answers: the clips' transcript, every window found in the library
+    assert "teacher-forced with the clips' transcript" in out
+    m = re.search(r"transcript: (\d+) windows answered, (\d+) with sound not found in the "
+                  r"library, (\d+) forced prefixes not the transcript's words", out)
+    assert m and int(m[1]) > 0 and m[2] == "0" and m[3] == "0"
+
+
+def test_windows_are_answered_from_the_clips_transcript():
+    """Transcript decisions: a window is found in the library by its samples (also one that
+    starts in the silence between clips or runs past the library's end), and answered with the
+    forced prefix, then the transcript's words after it that the window holds in full, timed
+    from the window's start."""
+    from subd.bench.gpu_sim import load_library
+    from subd.bench.gpu_transcript import LibraryIndex, TranscriptWindows, TranscriptWord
+    from subd.gpu.serve import load_batching_engine
+
+    real = load_batching_engine("tiny.en", "cpu", "int8", 4).windows
+    library, clips = load_library(None)
+    tok = real.tokenizer
+    words = [TranscriptWord(s, e, t, tuple(tok.encode(t)), 0.9) for s, e, t in
+             ((16_000, 24_000, " One"), (24_000, 30_000, " two,"), (32_000, 40_000, " three"),
+              (40_000, 47_000, " four."))]
+    tw = TranscriptWindows(real, library, words)
+    index = LibraryIndex(library)
+    n = len(library)
+    for at in (12_345, len(clips[0]) + 100, n - 50_000):  # inside speech, in a gap, the wrap
+        window = np.concatenate([library, library])[at : at + 160_000]
+        assert index.find(window) == at
+    assert index.find(np.zeros(8000, np.float32)) is None
+    assert index.find(np.full(8000, 0.123, np.float32)) is None
+
+    sp = tok.special
+    policy, opts = FallbackPolicy((0.0,)), DEFAULT_OPTIONS
+    res = tw.answer(WindowJob(library[8000:42_000].copy(), None, policy, opts))
+    assert [w.text for w in res.words] == [" One", " two,", " three"]  # " four." not heard out
+    assert [(w.start_s, w.end_s) for w in res.words] == [(0.5, 1.0), (1.0, 1.375), (1.5, 2.0)]
+    assert res.decode.tokens[0] == sp.timestamp_begin and res.is_speech
+    assert res.decode.tokens[-1] == sp.timestamp_begin + 100  # <|2.00|>
+    prefix = (sp.timestamp_begin, *words[0].tokens, *words[1].tokens)
+    res = tw.answer(WindowJob(library[8000:48_000].copy(), None, policy, opts, prefix))
+    assert [w.text for w in res.words] == [" three", " four."] and res.prefix_used
+    assert list(res.decode.tokens) == [*prefix, *words[2].tokens, *words[3].tokens,
+                                       sp.timestamp_begin + 122]  # <|2.44|>: 47000 - 8000 samples
+    res = tw.answer(WindowJob(np.zeros(8000, np.float32), None, policy, opts))
+    assert not res.is_speech and res.words == () and res.decode.tokens == ()
+    assert (tw.n_windows, tw.n_unfound, tw.n_prefix_mismatch) == (3, 0, 0)

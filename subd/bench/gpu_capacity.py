@@ -1,25 +1,31 @@
 """Capacity mode of ``subd bench gpu --capacity SIZE``: the work of a model whose weights cannot
 reach the machine, with RANDOM weights of its size.
 
-Every channel still runs the daemon's policy over a real model (the bench's ``--model``, tiny.en
-on the GPU machine): its captions, word times and decisions are that model's. Each batch of
-windows is then run again, as the same batch, through a randomly initialised model of SIZE
+Every channel runs the daemon's policy; what answers its windows (``--capacity-decisions``):
+
+* ``transcript`` (the default, the issue's definition): the clips' transcript, the real model's
+  offline reading of them made once before the trials (subd.bench.gpu_transcript). The real
+  model does no work in the trials; the random model does a deployed model's whole work.
+* ``model``: the real model (the bench's ``--model``, tiny.en on the GPU machine) decodes every
+  window too, and its captions, word times and decisions are used. Its work is extra (a large
+  model would not need it), so the capacity found is a lower bound.
+
+Each batch of windows is run, as the same batch, through a randomly initialised model of SIZE
 (large-v3-turbo: 32 encoder layers, 4 decoder layers, d = 1280, 128 mel bins, 51 866 tokens):
 
 * the same audio, front end and encoder span per window (128 mel bins, the window's bucket);
-* the same prompt and forced prefix, then decoding *teacher-forced* with the real model's
-  tokens for that window (``DecodeBuffers.forced``): every step runs the whole decoder and the
-  vocabulary projection and the token rules, and the row stops where the real transcript does,
-  so each update decodes as many tokens as the real model wrote for that audio;
-* the word-timing pass: one decoder pass over the transcript with the alignment heads' attention
-  and its alignment matrix on the device (the DTW itself is the host work the real model's
-  words already did, the same size).
+* the same prompt and forced prefix, then decoding *teacher-forced* with the answer's tokens
+  for that window (``DecodeBuffers.forced``): every step runs the whole decoder and the
+  vocabulary projection and the token rules, and the row stops where the answer does, so each
+  update decodes as many tokens as were written for that audio;
+* the word-timing pass: one decoder pass over the text with the alignment heads' attention and
+  its alignment matrix on the device; from a transcript also the token probabilities, the DTW
+  and the words (WindowEngine's own pass; with ``model`` that host work is the real model's).
 
-The random model's encoder is queued before the real model's work and runs beside it (on CUDA,
-on its own streams); its decoding and word-timing pass follow, as they need the real tokens.
-A channel's result comes back only after both models' work for its batch. The random model's
-own choices are never used, and the real model's work is extra (a large model would not need
-it), so the capacity found is a lower bound for SIZE with tokens counted in the real model's
+With ``model`` the random model's encoder is queued before the real model's work and runs
+beside it (on CUDA, on its own streams); its decoding and word-timing pass follow, as they need
+the real tokens. A channel's result comes back only after the random model's work for its
+batch. The random model's own choices are never used. Tokens are counted in the real model's
 tokenizer (the prompt's start-of-transcript sequence too: 1 token for tiny.en, 3 in a
 multilingual model). A temperature fallback or retry without the prefix is replayed once, as
 the final decode only.
@@ -81,8 +87,12 @@ class CapacityWindows:
     """What the batching engine calls (``transcribe``, ``single``, ``tokenizer``, ``warm``):
     the real engine's results, after the random model of the capacity size did the same work."""
 
-    def __init__(self, real: WindowEngine, big: WindowEngine) -> None:
+    def __init__(self, real, big: WindowEngine) -> None:
+        # real: the real model's WindowEngine, or subd.bench.gpu_transcript.TranscriptWindows
         self.real, self.big = real, big
+        # answers from a transcript: the random model also does the word timings' host work
+        # (DTW, the words), which the real model's words did otherwise
+        self.full_timings = not isinstance(real, WindowEngine)
         self.single = real.single
         self.tokenizer = real.tokenizer
         eng = big.batched
@@ -92,9 +102,10 @@ class CapacityWindows:
         self.n_short = 0
 
     def summary(self) -> str:
+        own = getattr(self.real, "summary", None)
         return (f"random model: {self.n_rows_replayed} windows decoded, "
                 f"{self.n_tokens_forced} tokens teacher-forced, {self.n_short} rows stopped "
-                f"short of their transcript")
+                f"short of their transcript" + (f"; {own()}" if own else ""))
 
     @property
     def batched(self):
@@ -166,6 +177,14 @@ class CapacityWindows:
         big.batched._join("encode")  # the word-timing pass runs on the current stream
         big.batched._join("decode")
         texts = [res.decode.text_tokens(sp.timestamp_begin) for _, res, _ in items]
+        if self.full_timings:  # what a deployed model does: WindowEngine's own pass
+            known = [sum(1 for t in job.prefix if t < sp.timestamp_begin) if res.prefix_used
+                     else 0 for job, res, _ in items]
+            speech = [k for k, (_, res, _) in enumerate(items) if res.is_speech]
+            big._align(feats, speech, [items[k][0] for k in speech],
+                       [texts[k] for k in speech], [items[k][2] for k in speech],
+                       [known[k] for k in speech])
+            return
         self._align(feats, [k for k, t in enumerate(texts) if t], texts,
                     [frames for _, _, frames in items])
 
@@ -219,10 +238,23 @@ class CapacityHost(BatchedMultiplexHost):
 
     def __init__(self, model: str = "tiny.en", device: str = "auto", precision: str = "auto",
                  max_rows: int = 256, threads: int = 0, share: float = 1.0,
-                 capacity: str = "large-v3-turbo") -> None:
+                 capacity: str = "large-v3-turbo", decisions: str = "transcript",
+                 clips: str = "") -> None:
         from subd.gpu.device import place, rows_on_device, torch_dtype
 
         super().__init__(model, device, precision, max_rows, threads, share)
+        if decisions == "transcript":  # every window answered from the clips' transcript
+            from pathlib import Path
+
+            from subd.bench.gpu_sim import load_library
+            from subd.bench.gpu_transcript import TranscriptWindows, library_transcript
+
+            library, _ = load_library(Path(clips) if clips else None)
+            real = self.engine.windows
+            self.engine.windows = TranscriptWindows(real, library,
+                                                    library_transcript(real.single, library))
+        elif decisions != "model":
+            raise ValueError(f"capacity decisions: 'transcript' or 'model', not {decisions!r}")
         placement = place(device, precision)
         dtype = torch_dtype(placement.precision if placement.cuda else "fp32")
         if placement.cuda:  # what is left of this process's share after the real model

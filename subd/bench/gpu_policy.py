@@ -297,7 +297,12 @@ def register_args(p) -> None:
                    help="uncounted warm-up trial before each N (graph capture)")
     p.add_argument("--plot", default="gpu_policy.png", help="PNG output ('' for none)")
     p.add_argument("--capacity", default="", choices=("", "large-v3-turbo", "large-v3", "test"),
-                   help="capacity mode: every batch also runs a model of this size with RANDOM "
-                        "weights, decoding teacher-forced with --model's tokens (its weights "
-                        "need not be here; 'test': a tiny one for the CPU tests)")
+                   help="capacity mode: every batch runs a model of this size with RANDOM "
+                        "weights, decoding teacher-forced (its weights need not be here; "
+                        "'test': a tiny one for the CPU tests)")
+    p.add_argument("--capacity-decisions", default="transcript",
+                   choices=("transcript", "model"),
+                   help="capacity mode's answers: the clips' transcript (--model's offline "
+                        "reading, made before the trials; no real model work in them) or "
+                        "--model decoding every window too (a lower bound)")
 

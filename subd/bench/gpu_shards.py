@@ -166,7 +166,8 @@ async def batched_trials(rec_cfg, placement, args, spec: tuple, library, counts,
     host_target, extra = "subd.service.batching:BatchedMultiplexHost", {}
     if args.capacity:
         host_target = "subd.bench.gpu_capacity:CapacityHost"
-        extra = {"capacity": args.capacity}
+        extra = {"capacity": args.capacity, "decisions": args.capacity_decisions,
+                 "clips": str(args.clips or "")}
     rec = batched_recogniser(rec_cfg, cuda=placement.cuda, max_rows=args.max_rows,
                              host_target=host_target, host_extra=extra,
                              policy=StagePolicy(start_timeout_s=rec_cfg.start_timeout_s))
@@ -230,10 +231,18 @@ def run(args) -> int:
     if args.capacity:
         from subd.bench.gpu_capacity import describe_size
 
-        capacity = (f"CAPACITY MODE, RANDOM WEIGHTS: every batch also runs a randomly "
-                    f"initialised {describe_size(args.capacity)}, decoding teacher-forced "
-                    f"with {args.model}'s tokens for each window (captions, words and WER "
-                    f"are {args.model}'s; the figures are the capacity of both together)")
+        if args.capacity_decisions == "transcript":
+            capacity = (f"CAPACITY MODE, RANDOM WEIGHTS: every batch runs a randomly "
+                        f"initialised {describe_size(args.capacity)}, decoding teacher-forced "
+                        f"with the clips' transcript ({args.model}'s offline reading, made "
+                        f"before the trials) for each window; {args.model} does no work in "
+                        f"the trials, the captions are the transcript's words (WER: words the "
+                        f"policy lost or changed)")
+        else:
+            capacity = (f"CAPACITY MODE, RANDOM WEIGHTS: every batch also runs a randomly "
+                        f"initialised {describe_size(args.capacity)}, decoding teacher-forced "
+                        f"with {args.model}'s tokens for each window (captions, words and WER "
+                        f"are {args.model}'s; the figures are the capacity of both together)")
         log(capacity)
     counts = [int(x) for x in args.streams.split(",")]
     _raise_open_files()
@@ -244,7 +253,9 @@ def run(args) -> int:
         from subd.bench.gpu_capacity import CapacityHost
 
         single = CapacityHost(args.model, placement.device, placement.precision,
-                              args.max_rows, capacity=args.capacity).engine
+                              args.max_rows, capacity=args.capacity,
+                              decisions=args.capacity_decisions,
+                              clips=str(args.clips or "")).engine
     else:
         single = WhisperEngine(on_device(load_weights(args.model), placement))
     gpu_policy._NAIVE = single
