@@ -52,6 +52,7 @@ class Trial:
     late_why: dict[str, int] = field(default_factory=dict)  # gpu_report.late_cause: count
     n_late_updates: int = 0  # updates whose round trip exceeded D - A
     n_failed: int = 0
+    failures: dict[str, int] = field(default_factory=dict)  # a failed update's error: count
     n_full: int = 0  # updates the planner sent on Whisper's full 30 s input
     visible_ms: list[float] = field(default_factory=list)
     commit_ms: list[float] = field(default_factory=list)
@@ -233,7 +234,8 @@ def describe(t: Trial) -> str:
             f"{t.pct('visible_ms', 95):6.0f} ms commit p50/p95 {t.pct('commit_ms', 50):6.0f}/"
             f"{t.pct('commit_ms', 95):6.0f} ms ttfc p95 {t.pct('ttfc_ms', 95):6.0f} ms "
             f"round p95 {t.pct('round_ms', 95):6.0f} ms mean batch "
-            f"{np.mean(t.batch) if t.batch else 0:6.1f} gpu_util {t.gpu_util_pct:5.1f}%")
+            f"{np.mean(t.batch) if t.batch else 0:6.1f} gpu_util {t.gpu_util_pct:5.1f}%"
+            + "".join(f"\n  failed {n}x: {why}" for why, n in t.failures.items()))
 
 
 def search(label: str, make_host, spec: tuple, library, counts: list[int], setup: Setup,

@@ -55,6 +55,8 @@ def account(trial, i: int, ok: bool, res, t_send_ns: int, t_done_ns: int, start_
     trial.n_late_updates += rtt > d_ns - a_ns
     if not ok:
         trial.n_failed += 1
+        why = " ".join(f"{type(res).__name__}: {res}".split())[:300]
+        trial.failures[why] = trial.failures.get(why, 0) + 1
         return
     if res.decoded:  # as the scheduler: a silent window costs next to nothing
         planner.record(plan, rtt, res.duration_ns)  # its own run, the rest a wait
