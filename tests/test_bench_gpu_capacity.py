@@ -61,12 +61,15 @@ def test_bench_gpu_capacity_mode_says_so_and_runs_the_daemon_policy(speech_clips
         [sys.executable, "-m", "subd.cli", "bench", "gpu", "--policy", "daemon", "--device",
          "cpu", "--capacity", "test", "--model", "tiny.en", "--streams", "2",
          "--naive-streams", "1", "--duration-s", "4", "--ramp-s", "0.5", "--warm-s", "0",
+         "--lead-s", "1.5",
          "--plot", "", "--log", str(log)],
         capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
     out = log.read_text()
     assert out.count("CAPACITY MODE, RANDOM WEIGHTS") == 2  # at the start and with the result
     assert "randomly initialised test: 2 encoder layers, 2 decoder layers, d = 64, 128 mel" in out
+    assert "4.0 s per trial after a 0.5 s ramp and 1.5 s of every channel's updates not counted" \
+        in out
     trials = re.findall(r"^(batched|naive) N=\s*(\d+) .* words=\s*(\d+) .* failed=(\d+) "
                         r"full_span=(\d+)", out, re.M)
     assert [(t[0], t[1]) for t in trials] == [("batched", "2"), ("naive", "1")]

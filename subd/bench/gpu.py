@@ -284,6 +284,10 @@ def register(subparsers) -> None:
     p.add_argument("--naive-streams", default="1,2,4,8,16,32")
     p.add_argument("--duration-s", type=float, default=12.0)
     p.add_argument("--ramp-s", type=float, default=3.0)
+    p.add_argument("--lead-s", default="auto",
+                   help="--policy daemon: seconds every channel streams before its updates "
+                        "count (auto: [recognizer] trim_after_ms + 3 s, when its window and "
+                        "prompt have stopped growing)")
     p.add_argument("--update-ms", type=int, default=1000)
     p.add_argument("--first-retry-ms", type=int, default=100,
                    help="update cadence of a stream that has shown no caption yet")

@@ -91,6 +91,25 @@ class Setup:
     ramp_s: float
     fps: str = "30"
     encoder_span: str = DEFAULT_ENCODER_SPAN
+    # seconds every channel streams before its updates count: a channel's window, prompt and
+    # committed prefix grow for its first trim_after_ms of speech, and a deployment serves
+    # channels past that (--lead-s)
+    lead_s: float = 0.0
+
+    def counting(self, t0_ns: int) -> tuple[int, int]:
+        """(the first send time that counts, the trial's end) for channels started from
+        ``t0_ns``."""
+        count_ns = t0_ns + int((self.ramp_s + self.lead_s) * NS_PER_S)
+        return count_ns, count_ns + int(self.duration_s * NS_PER_S)
+
+
+def lead_trial(trial: Trial) -> Trial:
+    """Where the updates of the lead-in are counted, and dropped: its committed words stay
+    in ``trial``'s texts (its offline WER compares everything each channel heard) and its
+    first captions in ``trial``'s time to first caption."""
+    lead = Trial(f"{trial.label} lead-in", trial.n_channels, trial.latency_ms)
+    lead.texts, lead.ttfc_ms = trial.texts, trial.ttfc_ms
+    return lead
 
 
 class Channels:
@@ -156,7 +175,8 @@ def simulate(label: str, host, spec: tuple, library: np.ndarray, n: int, setup: 
     plans = [None] * n
     answered = start.copy()  # when each channel's last answer came in
     previous: list[tuple] = [((), None)] * n  # last result's tentative words, its deadline
-    end_ns = t0 + int((setup.ramp_s + setup.duration_s) * NS_PER_S)
+    count_ns, end_ns = setup.counting(t0)
+    lead = lead_trial(trial)
     with UtilSampler() as util, _serial_threads(batched):
         while (now := time.monotonic_ns()) < end_ns:
             heard = np.maximum(0, (now - start) * SAMPLE_RATE_HZ // NS_PER_S)
@@ -198,10 +218,11 @@ def simulate(label: str, host, spec: tuple, library: np.ndarray, n: int, setup: 
                         out.append((False, str(exc)))
                     done.append(time.monotonic_ns())
                 trial.batch.append(1)
-            trial.round_ms.append((done[-1] - now) / NS_PER_MS)
+            (trial if now >= count_ns else lead).round_ms.append((done[-1] - now) / NS_PER_MS)
             for (i, _), (ok, res), t_done in zip(requests, out, done, strict=True):
-                account(trial, i, ok, res, sends.get(i, now), t_done, int(start[i]),
-                        planners[i], plans[i], shown, previous, d_ns, a_ns)
+                t_send = sends.get(i, now)
+                account(trial if t_send >= count_ns else lead, i, ok, res, t_send, t_done,
+                        int(start[i]), planners[i], plans[i], shown, previous, d_ns, a_ns)
                 answered[i] = t_done
     trial.gpu_util_pct = util.mean
     trial.offsets, trial.sent = ch.offsets, ch.sent.copy()
@@ -247,7 +268,7 @@ def search(label: str, make_host, spec: tuple, library, counts: list[int], setup
     best, trials = None, []
     for n in sorted(counts):
         if warm_s > 0:
-            warm = dataclasses.replace(setup, duration_s=warm_s)
+            warm = dataclasses.replace(setup, duration_s=warm_s, lead_s=0.0)
             log(describe(simulate(f"{label} warm-up (not counted)", make_host(), spec, library,
                                   n, warm, batched)))
         t = simulate(label, make_host(), spec, library, n, setup, batched)

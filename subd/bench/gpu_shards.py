@@ -21,7 +21,15 @@ import time
 
 import numpy as np
 
-from subd.bench.gpu_policy import NS_PER_MS, NS_PER_S, VISIBLE_SLACK_MS, Setup, Trial, describe
+from subd.bench.gpu_policy import (
+    NS_PER_MS,
+    NS_PER_S,
+    VISIBLE_SLACK_MS,
+    Setup,
+    Trial,
+    describe,
+    lead_trial,
+)
 from subd.types import SAMPLE_RATE_HZ
 
 
@@ -75,7 +83,8 @@ async def simulate_shards(label: str, rec, spec: tuple, library: np.ndarray, n: 
         previous: list[tuple] = [((), None)] * n
         t0 = time.monotonic_ns() + 50 * NS_PER_MS
         start = t0 + (np.arange(n) * setup.ramp_s * NS_PER_S / max(n, 1)).astype(np.int64)
-        end_ns = t0 + int((setup.ramp_s + setup.duration_s) * NS_PER_S)
+        count_ns, end_ns = setup.counting(t0)
+        lead = lead_trial(trial)
 
         def feed(i: int, end: int) -> None:  # what ingest does: the audio into the history
             lo = int(sent[i])
@@ -105,8 +114,9 @@ async def simulate_shards(label: str, rec, spec: tuple, library: np.ndarray, n: 
                 except Exception as exc:  # noqa: BLE001 - counted as a failed update
                     res, ok = exc, False
                 done = time.monotonic_ns()
-                trial.round_ms.append((done - now) / NS_PER_MS)
-                account(trial, i, ok, res, now, done, int(start[i]), planner, plan, shown,
+                into = trial if now >= count_ns else lead
+                into.round_ms.append((done - now) / NS_PER_MS)
+                account(into, i, ok, res, now, done, int(start[i]), planner, plan, shown,
                         previous, d_ns, a_ns)
 
         items0, batches0 = rec.n_items, rec.n_batches
@@ -139,7 +149,7 @@ async def search_shards(label: str, rec, spec: tuple, library, counts: list[int]
     best, trials = None, []
     for n in sorted(counts):
         if warm_s > 0:
-            warm = dataclasses.replace(setup, duration_s=warm_s)
+            warm = dataclasses.replace(setup, duration_s=warm_s, lead_s=0.0)
             t, _ = await simulate_shards(f"{label} warm-up (not counted)", rec, spec, library,
                                          n, warm)
             log(describe(t))
@@ -211,8 +221,9 @@ def run(args) -> int:
     # the cadence a channel of the daemon runs at on this device (subd.pipeline.cadence)
     cadence_ms = update_cadence_ms(rec, cfg.tick.latency_ms, cfg.tick.lookahead_ms,
                                    placement.cuda)
+    lead_s = (rec.trim_after_ms + 3000) / 1000 if args.lead_s == "auto" else float(args.lead_s)
     setup = Setup(cfg.tick.latency_ms, cfg.tick.lookahead_ms, cadence_ms,
-                  args.duration_s, args.ramp_s, cfg.tick.fps, rec.encoder_span)
+                  args.duration_s, args.ramp_s, cfg.tick.fps, rec.encoder_span, lead_s)
     library, _ = load_library(args.clips)
     log = TrialLog(args.log)
 
@@ -226,7 +237,8 @@ def run(args) -> int:
         f"), encoder span {setup.encoder_span} "
         f"(pad {rec.encoder_pad_ms} ms, bucket {rec.encoder_bucket_ms} ms, trim after "
         f"{rec.trim_after_ms} ms); {setup.duration_s} s per trial after a "
-        f"{setup.ramp_s} s ramp")
+        f"{setup.ramp_s} s ramp and {setup.lead_s} s of every channel's updates not counted "
+        f"(--lead-s)")
     capacity = ""
     if args.capacity:
         from subd.bench.gpu_capacity import describe_size
