@@ -61,6 +61,7 @@ class Trial:
     batch: list[int] = field(default_factory=list)
     gpu_util_pct: float = float("nan")
     texts: dict[int, list[str]] = field(default_factory=dict)  # committed words, channels < 8
+    committed_ns: dict[int, int] = field(default_factory=dict)  # their last one's end
     offsets: np.ndarray | None = None  # where in the library each channel started
     sent: np.ndarray | None = None  # samples each channel was given
 
@@ -108,7 +109,7 @@ def lead_trial(trial: Trial) -> Trial:
     in ``trial``'s texts (its offline WER compares everything each channel heard) and its
     first captions in ``trial``'s time to first caption."""
     lead = Trial(f"{trial.label} lead-in", trial.n_channels, trial.latency_ms)
-    lead.texts, lead.ttfc_ms = trial.texts, trial.ttfc_ms
+    lead.texts, lead.committed_ns, lead.ttfc_ms = trial.texts, trial.committed_ns, trial.ttfc_ms
     return lead
 
 

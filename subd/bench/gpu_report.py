@@ -76,12 +76,15 @@ def account(trial, i: int, ok: bool, res, t_send_ns: int, t_done_ns: int, start_
             trial.late_why[why] = trial.late_why.get(why, 0) + 1
         if i < 8:
             trial.texts.setdefault(i, []).append(w.text)
+            trial.committed_ns[i] = w.end_ns
     previous[i] = (hyp.tentative, plan.commit_until_ns)
 
 
 def offline_wer(engine, library: np.ndarray, trial, n_check: int = 4) -> float:
     """WER of the committed words against the same engine transcribing the same audio
-    offline (the whole heard span at once, subd.recognise.offline), over a few channels."""
+    offline (the whole heard span at once, subd.recognise.offline), over a few channels: its
+    words up to the channel's last committed one (those that start before that one's end;
+    the words still waiting for their deadline when the trial stopped are not missing)."""
     from subd.recognise.offline import TranscribeOptions, Transcriber
     from subd.scoring.wer import normalise, wer
 
@@ -91,7 +94,9 @@ def offline_wer(engine, library: np.ndarray, trial, n_check: int = 4) -> float:
         n = int(trial.sent[i])
         a = int(trial.offsets[i] % len(library))
         audio = np.concatenate([library, library])[a : a + n]
-        ref = " ".join(w.text for seg in tr.transcribe_blocks(iter([audio])) for w in seg.words)
+        until = trial.committed_ns.get(i, 0)
+        ref = " ".join(w.text for seg in tr.transcribe_blocks(iter([audio]))
+                       for w in seg.words if w.start_ns < until)
         hyp = " ".join(trial.texts.get(i, []))
         if ref.strip():
             errs.append(wer(normalise(ref), normalise(hyp)))
