@@ -203,3 +203,18 @@ def test_the_offline_baseline_gets_the_same_draws_as_the_stream(monkeypatch):
     assert leads == [0, quality.LEAD_STEP_MS]
     assert len(row.wer_runs) == 2 and row.wer_pct == sum(row.wer_runs) / 2
     assert all(w < 30 for w in row.wer_runs) and row.latency_s == {}
+
+
+def test_pooled_runs_keep_each_runs_text_for_show():
+    """``--repeats N --show`` prints every run's text (the runs differ: another phase of the
+    updates against the speech), not the first run's alone."""
+    from subd.bench.quality import pooled_runs
+    from subd.bench.quality_sets import RunScore
+
+    runs = [RunScore(5.0, {".": 1.0}, [], 0, 0, text="one two"),
+            RunScore(7.0, {".": 0.5}, [], 1, 0, text="one too")]
+    for r in runs:
+        r.latency_samples = np.array([2.0])
+    pooled = pooled_runs(runs)
+    assert pooled.text == "one two" and pooled.texts == ["one two", "one too"]
+    assert pooled.wer_runs == [5.0, 7.0] and pooled.wer_pct == 6.0

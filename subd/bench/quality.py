@@ -235,7 +235,7 @@ def offline_runs(sset: SpeechSet, engine, args) -> RunScore:
 def pooled_runs(runs: list[RunScore]) -> RunScore:
     """Several runs of one kind as one row: WER and F1 are the runs' means (``wer_runs`` lists
     each), dropped spans and full stops inside sentences the worst run's, latency is over every
-    run's words; the text shown is the first run's."""
+    run's words; ``text`` is the first run's, ``texts`` each run's."""
     if len(runs) == 1:
         return runs[0]
     worst = max(runs, key=lambda r: (len(r.dropped), r.stops_inside))
@@ -247,6 +247,7 @@ def pooled_runs(runs: list[RunScore]) -> RunScore:
     out.latency_s = latency_summary(lat) if lat.size else {}
     out.latency_samples = lat
     out.wer_runs = [r.wer_pct for r in runs]
+    out.texts = [r.text for r in runs]
     return out
 
 
@@ -345,8 +346,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"{name}:")
         for key, sc in res.items():
             print(_row(key, sc))
-            if args.show:
-                print(f"            {sc.text}")
+            if args.show:  # each run's text, the runs in order
+                for text in sc.texts or [sc.text]:
+                    print(f"            {text}")
             for span in sc.dropped:
                 print(f"            dropped: {span}")
     if args.json:

@@ -280,6 +280,7 @@ class RunScore:
     stops_at_semicolon: int = 0
     latency_s: dict[str, float] = field(default_factory=dict)
     text: str = ""
+    texts: list[str] = field(default_factory=list)  # pooled (--repeats): each run's text
     wer_runs: list[float] = field(default_factory=list)  # each run's WER (--repeats)
     latency_samples: np.ndarray = field(default_factory=lambda: np.zeros(0), repr=False)
 
