@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 import torch
 
 from subd.bench.gpu_capacity import SIZES, capacity_windows, random_model
@@ -125,3 +126,21 @@ def test_windows_are_answered_from_the_clips_transcript():
     res = tw.answer(WindowJob(np.zeros(8000, np.float32), None, policy, opts))
     assert not res.is_speech and res.words == () and res.decode.tokens == ()
     assert (tw.n_windows, tw.n_unfound, tw.n_prefix_mismatch) == (3, 0, 0)
+
+
+def test_capacity_host_takes_its_decisions_from_the_transcript_or_the_model():
+    """``--capacity-decisions``: the transcript (the default) answers every window without the
+    real model; ``model`` keeps the real model's engine deciding; anything else is an error."""
+    from subd.bench.gpu_capacity import CapacityHost
+    from subd.bench.gpu_transcript import TranscriptWindows
+    from subd.models.batched_window import WindowEngine
+
+    by_model = CapacityHost("tiny.en", "cpu", "int8", 4, capacity="test", decisions="model")
+    assert isinstance(by_model.engine.windows.real, WindowEngine)
+    assert not by_model.engine.windows.full_timings
+    by_text = CapacityHost("tiny.en", "cpu", "int8", 4, capacity="test")
+    assert isinstance(by_text.engine.windows.real, TranscriptWindows)
+    assert by_text.engine.windows.full_timings
+    assert len(by_text.engine.windows.real.words) > 50  # the clips' words, in every round
+    with pytest.raises(ValueError, match="capacity decisions"):
+        CapacityHost("tiny.en", "cpu", "int8", 4, capacity="test", decisions="oracle")
