@@ -239,7 +239,7 @@ class CapacityHost(BatchedMultiplexHost):
     def __init__(self, model: str = "tiny.en", device: str = "auto", precision: str = "auto",
                  max_rows: int = 256, threads: int = 0, share: float = 1.0,
                  capacity: str = "large-v3-turbo", decisions: str = "transcript",
-                 clips: str = "") -> None:
+                 clips: str = "", transcript: list | None = None) -> None:
         from subd.gpu.device import place, rows_on_device, torch_dtype
 
         super().__init__(model, device, precision, max_rows, threads, share)
@@ -251,8 +251,9 @@ class CapacityHost(BatchedMultiplexHost):
 
             library, _ = load_library(Path(clips) if clips else None)
             real = self.engine.windows
-            self.engine.windows = TranscriptWindows(real, library,
-                                                    library_transcript(real.single, library))
+            if transcript is None:  # not made by the bench (subd.bench.gpu_shards.run)
+                transcript = library_transcript(real.single, library)
+            self.engine.windows = TranscriptWindows(real, library, transcript)
         elif decisions != "model":
             raise ValueError(f"capacity decisions: 'transcript' or 'model', not {decisions!r}")
         placement = place(device, precision)

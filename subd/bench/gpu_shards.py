@@ -168,8 +168,9 @@ async def search_shards(label: str, rec, spec: tuple, library, counts: list[int]
 
 
 async def batched_trials(rec_cfg, placement, args, spec: tuple, library, counts, setup,
-                         log) -> tuple[Trial | None, list[Trial]]:
-    """Start the daemon's batched recogniser stage (every shard), run the trials, close it."""
+                         log, transcript=None) -> tuple[Trial | None, list[Trial]]:
+    """Start the daemon's batched recogniser stage (every shard), run the trials, close it.
+    ``transcript``: capacity mode's answers (subd.bench.gpu_transcript), made once here."""
     from subd.service.sharding import batched_recogniser
     from subd.service.stages import StagePolicy
 
@@ -177,7 +178,7 @@ async def batched_trials(rec_cfg, placement, args, spec: tuple, library, counts,
     if args.capacity:
         host_target = "subd.bench.gpu_capacity:CapacityHost"
         extra = {"capacity": args.capacity, "decisions": args.capacity_decisions,
-                 "clips": str(args.clips or "")}
+                 "clips": str(args.clips or ""), "transcript": transcript}
     rec = batched_recogniser(rec_cfg, cuda=placement.cuda, max_rows=args.max_rows,
                              host_target=host_target, host_extra=extra,
                              policy=StagePolicy(start_timeout_s=rec_cfg.start_timeout_s))
@@ -256,10 +257,16 @@ def run(args) -> int:
                         f"with {args.model}'s tokens for each window (captions, words and WER "
                         f"are {args.model}'s; the figures are the capacity of both together)")
         log(capacity)
+    transcript = None
+    if args.capacity and args.capacity_decisions == "transcript":  # once, for every process
+        from subd.bench.gpu_transcript import library_transcript
+
+        transcript = library_transcript(
+            WhisperEngine(on_device(load_weights(args.model), placement)), library)
     counts = [int(x) for x in args.streams.split(",")]
     _raise_open_files()
     best, _ = asyncio.run(batched_trials(rec, placement, args, spec_args, library, counts,
-                                         setup, log))
+                                         setup, log, transcript))
     # the engine the WER is taken against, and the naive baseline's: in this process
     if args.capacity:  # the same two models, one request at a time
         from subd.bench.gpu_capacity import CapacityHost
@@ -267,7 +274,7 @@ def run(args) -> int:
         single = CapacityHost(args.model, placement.device, placement.precision,
                               args.max_rows, capacity=args.capacity,
                               decisions=args.capacity_decisions,
-                              clips=str(args.clips or "")).engine
+                              clips=str(args.clips or ""), transcript=transcript).engine
     else:
         single = WhisperEngine(on_device(load_weights(args.model), placement))
     gpu_policy._NAIVE = single

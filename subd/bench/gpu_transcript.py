@@ -3,15 +3,16 @@
 
 The model of SIZE has random weights, so its own tokens mean nothing. Each window a channel's
 policy asks for is answered from a transcript of the bench's clips instead: the real model's
-offline reading of the whole library (``subd transcribe``'s path, once, before any trial), with
-its word times. The window is found in the library by its samples (every channel plays the
-library from its own offset, so a window's audio is an exact slice of it), and the answer is
-what Whisper writes for it: the forced prefix (the channel's committed words in the window),
-then the transcript's words after them that the window holds in full, in one timestamped
-segment. The random model then does a deployed model's whole work for that answer (encoder,
-decoder teacher-forced through the same tokens, word-timing pass and DTW:
-subd.bench.gpu_capacity), and the real model does none. The policy, its commits, deadlines and
-VAD run as in the daemon; the captions are the transcript's words.
+offline reading of the whole library (``subd transcribe``'s path, made once by the bench before
+any trial and handed to every recogniser process), with its word times. The window is found
+in the library by its samples (every channel plays the library from its own offset, so a
+window's audio is an exact slice of it), and the answer is what Whisper writes for it: the
+forced prefix (the channel's committed words in the window), then the transcript's words after
+them that the window holds in full, in one timestamped segment. The random model then does a
+deployed model's whole work for that answer (encoder, decoder teacher-forced through the same
+tokens, word-timing pass and DTW: subd.bench.gpu_capacity), and the real model does none. The
+policy, its commits, deadlines and VAD run as in the daemon; the captions are the transcript's
+words.
 """
 
 from __future__ import annotations
@@ -135,7 +136,7 @@ class TranscriptWindows:
         if n_known and list(job.prefix[1:]) != [t for w in inside[:m] for t in w.tokens]:
             self.n_prefix_mismatch += 1
         new = [w for w in inside[m:] if w.end <= at + len(audio)]
-        tokens = list(job.prefix) if job.prefix else []
+        tokens = list(job.prefix)
         if new:
             if not tokens:
                 tokens.append(sp.timestamp_begin)
