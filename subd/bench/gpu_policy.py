@@ -51,6 +51,9 @@ class Trial:
     n_late: int = 0  # words committed after their tick's look-ahead fetch
     late_why: dict[str, int] = field(default_factory=dict)  # gpu_report.late_cause: count
     n_late_updates: int = 0  # updates whose round trip exceeded D - A
+    # updates the batched recogniser's scheduler answered without a decode (they could not
+    # have made their due time: subd.service.batching)
+    n_degraded: int = 0
     n_failed: int = 0
     failures: dict[str, int] = field(default_factory=dict)  # a failed update's error: count
     n_full: int = 0  # updates the planner sent on Whisper's full 30 s input
@@ -75,8 +78,10 @@ class Trial:
 
     @property
     def keeps_up(self) -> bool:
-        """Every update back within D - A and none failed (no tick waits on recognition)."""
-        return self.n_late_updates == 0 and self.n_failed == 0 and self.n_words > 0
+        """Every update decoded and back within D - A, none failed nor degraded (no tick
+        waits on recognition, and none is decided from an older reading for want of time)."""
+        return (self.n_late_updates == 0 and self.n_failed == 0 and self.n_degraded == 0
+                and self.n_words > 0)
 
     def pct(self, name: str, q: float) -> float:
         a = getattr(self, name)
@@ -203,8 +208,9 @@ def simulate(label: str, host, spec: tuple, library: np.ndarray, n: int, setup: 
                                                         max(int(ch.sent[i]) + min_new, at_send))
                 ch.feed(int(i), end)
                 plans[i] = plan = planners[i].plan(grids[i], t_send)
-                requests.append((int(i), UpdateRequest(end, plan.commit_until_ns,
-                                                        full_span=plan.full_span)))
+                requests.append((int(i), UpdateRequest(
+                    end, plan.commit_until_ns, full_span=plan.full_span, due_ns=plan.due_ns,
+                    first_caption=not shown[i])))
             if batched:
                 out = host.handle(ForChannels(tuple(ForChannel(f"c{i}", r)
                                                     for i, r in requests)))
@@ -251,6 +257,7 @@ def describe(t: Trial) -> str:
     return (f"{t.label} N={t.n_channels:5d} served={t.served!s:5s} keeps_up={t.keeps_up!s:5s} "
             f"updates={t.n_updates:6d} words={t.n_words:6d} "
             f"late_words={t.n_late:5d} {t.late_why} late_updates={t.n_late_updates:5d} "
+            f"degraded={t.n_degraded} "
             f"failed={t.n_failed} full_span={t.n_full} "
             f"visible p50/p95 {t.pct('visible_ms', 50):6.0f}/"
             f"{t.pct('visible_ms', 95):6.0f} ms commit p50/p95 {t.pct('commit_ms', 50):6.0f}/"

@@ -58,6 +58,7 @@ def account(trial, i: int, ok: bool, res, t_send_ns: int, t_done_ns: int, start_
         why = " ".join(f"{type(res).__name__}: {res}".split())[:300]
         trial.failures[why] = trial.failures.get(why, 0) + 1
         return
+    trial.n_degraded += res.degraded
     if res.decoded:  # as the scheduler: a silent window costs next to nothing
         planner.record(plan, rtt, res.duration_ns)  # its own run, the rest a wait
     trial.n_full += plan.full_span

@@ -110,7 +110,8 @@ async def simulate_shards(label: str, rec, spec: tuple, library: np.ndarray, n: 
                 plan = planner.plan(grid, now)
                 try:
                     res, ok = await workers[i].call(UpdateRequest(
-                        heard, plan.commit_until_ns, full_span=plan.full_span), now), True
+                        heard, plan.commit_until_ns, full_span=plan.full_span,
+                        due_ns=plan.due_ns, first_caption=not shown[i]), now), True
                 except Exception as exc:  # noqa: BLE001 - counted as a failed update
                     res, ok = exc, False
                 done = time.monotonic_ns()
@@ -299,7 +300,8 @@ def run(args) -> int:
             log(f"  {t.label} at N={t.n_channels}: viewer-visible latency p50 "
                 f"{t.pct('visible_ms', 50):.0f} ms, p95 {t.pct('visible_ms', 95):.0f} ms; "
                 f"time to first caption p50 {t.pct('ttfc_ms', 50):.0f} ms, p95 "
-                f"{t.pct('ttfc_ms', 95):.0f} ms; late updates {t.n_late_updates}, superseded "
+                f"{t.pct('ttfc_ms', 95):.0f} ms; late updates {t.n_late_updates}, degraded "
+                f"{t.n_degraded}, superseded "
                 f"0 (one request per channel in flight, as the pipeline sends them); GPU use "
                 f"{t.gpu_util_pct:.1f}%; WER vs the same engine offline "
                 f"{100 * offline_wer(engine, library, t):.1f}%")

@@ -123,6 +123,9 @@ class UpdatePlan:
     commit_until_ns: int  # audio time: every word ending by then is decided by this update
     full_span: bool  # the encoder runs over Whisper's whole input
     sent_ns: int = 0  # when it was planned (sent)
+    # when its result must be in: the look-ahead fetch T(k) - A of the first tick whose words
+    # the update before did not decide (the tick that update's plan expected this result by)
+    due_ns: int | None = None
 
 
 class UpdatePlanner:
@@ -148,6 +151,7 @@ class UpdatePlanner:
         # the channel has committed words (set by the pipeline): until then "cut" gives way
         # to the full input where that pays (module docstring)
         self.started = False
+        self._due_k = 0  # the first tick whose words no update planned so far must decide
         # send to next result, ns, by the kinds of the two updates: a probe of the full input
         # (base on one core: 1.35 s against 0.4 s cut) is not the horizon of cut updates
         self._horizons: dict[tuple[bool, bool], collections.deque] = collections.defaultdict(
@@ -238,7 +242,8 @@ class UpdatePlanner:
             max(self.cost_ns(full), gap) + self.cost_ns(next_kind),
             self.horizon_ns((full, next_kind)))
         k = grid.first_due_at_or_after(next_in + grid.lookahead_ns)  # first fetch after it
-        return UpdatePlan(grid.audio_end_ns(k - 1) if k > 0 else 0, full, now_ns)
+        due_ns, self._due_k = grid.fetch_ns(self._due_k), max(self._due_k, k)
+        return UpdatePlan(grid.audio_end_ns(k - 1) if k > 0 else 0, full, now_ns, due_ns)
 
     def _next_kind(self, full: bool, grid: TickGrid, gap_ns: int) -> bool:
         """The kind the next update will be, as things stand: a probe due then, else this."""

@@ -60,8 +60,11 @@ class RecognitionLoop:
                 sent_ns = planned_ns = self.clock.now_ns()
             plan = None if final else self.planner.plan(self.grid, planned_ns)
             request = FinishRequest(end) if plan is None else UpdateRequest(
-                end, plan.commit_until_ns, full_span=plan.full_span)
+                end, plan.commit_until_ns, full_span=plan.full_span, due_ns=plan.due_ns,
+                first_caption=not self._captioned)
             result = await self.recogniser.call(request, sent_ns)
+            if result.degraded:
+                self._degraded_update()
             if plan is not None and result.decoded:  # a silent window costs next to nothing
                 # the round trip, and the recogniser's own part of it (the rest: the wait
                 # behind other channels sharing the worker)
@@ -76,6 +79,12 @@ class RecognitionLoop:
             self._integrate(result, final)
             if final:
                 return
+
+    def _degraded_update(self) -> None:
+        self.counters.updates_degraded += 1
+        if self.counters.updates_degraded == 1:
+            log.warning("the shared recogniser could not make an update's due time: its due "
+                        "words were decided from the last reading (degraded updates)")
 
     def _skipped(self) -> None:
         self.counters.updates_skipped += 1

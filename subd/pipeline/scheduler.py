@@ -87,6 +87,7 @@ class Pipeline(RecognitionLoop, TickPublisher):
         self._rec_settled_ns = 0  # the latest hypothesis's settled end (the tagger's pauses)
         self._rec_accepted = 0
         self._rec_finished = False
+        self._captioned = False  # a hypothesis had words: the channel has shown a caption
         self._source_done = False
         self._done_at_ns: int | None = None
         self._audio_event = asyncio.Event()
@@ -232,6 +233,7 @@ class Pipeline(RecognitionLoop, TickPublisher):
         self.words.add_hypothesis(hyp)
         if hyp.committed:
             self.planner.started = True
+        self._captioned |= bool(hyp.committed or hyp.tentative)
         self._rec_audio_end_ns = max(self._rec_audio_end_ns, hyp.audio_end_ns)
         # not the furthest: after a decode that stopped short of the last one's words, the
         # speech after them is no pause (subd.recognise.streaming._settle)

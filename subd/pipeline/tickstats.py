@@ -59,6 +59,9 @@ class Counters:
     sink_errors: int = 0
     lost_samples: int = 0  # live audio overwritten before the recogniser read it
     updates_skipped: int = 0  # planned updates left out: the recogniser fell behind them
+    # updates a shared recogniser answered without a decode: they would have missed their due
+    # time (subd.service.batching), the due words decided from the last reading
+    updates_degraded: int = 0
     stage: dict[str, Durations] = field(default_factory=lambda: {s: Durations() for s in STAGES})
     publish_error: Durations = field(default_factory=Durations)  # sent − due
 

@@ -143,15 +143,16 @@ class StreamingRecognizer:
         return update_costs(self)
 
     def update(self, commit_until_ns: int | None = None, full_span: bool = False,
-               ending: bool = False) -> Hypothesis:
+               ending: bool = False, decode: bool = True) -> Hypothesis:
         """Decode the current window if enough new audio arrived; commit what is settled.
         ``commit_until_ns`` (deadline mode, subd.recognise.commit): every word ending by then
         must be committed now, as no later result is in before its deadline. ``full_span``:
         the encoder runs over Whisper's whole input, not the window plus ``encoder_pad_ms``
-        (subd.pipeline.deadline). ``ending``: the last update before ``finish`` (_take_due)."""
+        (subd.pipeline.deadline). ``ending``: the last update before ``finish`` (_take_due).
+        ``decode=False``: degraded (subd.service.batching), no decode however much is new."""
         c, st = self.config, self.state
         end = self.audio.end_sample
-        if end - st.last_decode_end < c.min_update_ms * SAMPLE_RATE_HZ // 1000:
+        if not decode or end - st.last_decode_end < c.min_update_ms * SAMPLE_RATE_HZ // 1000:
             # no new decode: words now due are taken from the last hypothesis
             due = [] if commit_until_ns is None else self._take_due(commit_until_ns, ending)
             return self._hypothesis(due)

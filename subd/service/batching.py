@@ -6,8 +6,20 @@ time: with 4 channels on one worker, a channel waits behind the other three ever
 the channels' requests that arrive while a batch runs are sent together as the next batch
 (:class:`ForChannels`), and the process runs them together (:class:`BatchedMultiplexHost`):
 each channel's own streaming policy, with every decode of that round in one batch on the
-batched engine (subd.gpu.batcher). A channel's request never waits for more than the batch in
-flight; its answer comes with the others'.
+batched engine (subd.gpu.batcher). Its answer comes with the others'.
+
+Which requests make the next batch is the deadline-aware scheduler's choice
+(subd.gpu.scheduler, the one ``subd bench gpu --simple`` runs): channels that have shown no
+caption yet first, then by each update's due time (``UpdateRequest.due_ns``: the look-ahead
+fetch T(k) − A of the first tick whose words it may decide), up to ``max_rows`` requests (the
+scheduler's ``fill``: a round is not cut short for its tightest member). A request left out
+waits for the next batch, first in line if its due time comes first. An update that could not
+make its due time even in a batch of its own (the rounds measured so far predict how long that
+takes) is degraded, not queued: it
+goes in the batch without its decode (``decode=False``: no new audio read, the due words decided
+from the channel's last reading), the channel counts it (``subd_recogniser_updates_degraded``)
+and its next update reads the audio it left. The stream's last decode and requests without a due
+time are never degraded: they are ordered by when they were sent.
 
 Supervision is the shared worker's own: a batch is one request to it, so a death or a hang of
 the process is seen, the process respawned and every channel re-attached as before, and every
@@ -21,15 +33,20 @@ import asyncio
 import functools
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
+from subd.clock import Clock, MonotonicClock
+from subd.gpu.scheduler import CostModel, GpuScheduler, Update
 from subd.service.supervisor import Attach, ForChannel, MultiplexHost, SharedWorker
 from subd.tasks import start_task
+from subd.workers.hosts import UpdateRequest
 from subd.workers.process import WorkerError
 
 log = logging.getLogger("subd.service.batching")
 YIELDS_AFTER_BATCH = 4  # event-loop turns between a batch's answers and the next batch
+# requests in one batch at most: the batched host's rows (BatchedMultiplexHost's max_rows)
+BATCH_ROWS = 256
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,15 +57,22 @@ class ForChannels:
 
 
 class BatchingSharedWorker(SharedWorker):
-    """The event-loop side: channels' requests gather while a batch is in flight."""
+    """The event-loop side: channels' requests gather while a batch is in flight, and the
+    scheduler picks the next batch from them (module docstring). ``clock``: the channels'
+    clock, on which their due times are."""
 
-    def __init__(self, worker: Any, **kwargs: Any) -> None:
+    def __init__(self, worker: Any, *, max_rows: int = BATCH_ROWS, clock: Clock | None = None,
+                 **kwargs: Any) -> None:
         super().__init__(worker, **kwargs)
         self.stage = getattr(worker, "name", "stage")
-        self._queue: list[tuple[ForChannel, asyncio.Future, int]] = []
+        self.clock = clock or MonotonicClock()
+        self.scheduler = GpuScheduler(CostModel(), max_rows, fill=True)
+        self._waiting: dict[int, tuple[ForChannel, asyncio.Future]] = {}  # by stream id
+        self._ids: dict[str, int] = {}
         self._sender: asyncio.Task | None = None
         self.n_batches = 0
         self.n_items = 0
+        self.n_degraded = 0
         log.info("%s: one process for every channel, their requests batched", self.stage)
 
     async def _call(self, request: Any, now_ns: int = 0) -> Any:
@@ -57,29 +81,58 @@ class BatchingSharedWorker(SharedWorker):
         loop = asyncio.get_running_loop()
         fut = loop.create_future()
         fut.add_done_callback(_observe)
-        self._queue.append((request, fut, now_ns))
+        sid = self._ids.setdefault(request.channel, len(self._ids))
+        req = request.request
+        due = getattr(req, "due_ns", None)
+        sent_ns = self.clock.now_ns()
+        self.scheduler.submit(Update(
+            sid, sent_ns, sent_ns if due is None else due,
+            bool(getattr(req, "first_caption", False)),
+            degradable=isinstance(req, UpdateRequest) and due is not None and req.decode))
+        old = self._waiting.get(sid)
+        if old is not None and not old[1].done():  # a channel asks once at a time: not seen
+            old[1].set_exception(WorkerError(f"{self.stage}: superseded by a newer request"))
+        self._waiting[sid] = (request, fut)
         if self._sender is None or self._sender.done():
             self._sender = start_task(self._send(), f"batch:{self.stage}")
         return await asyncio.shield(fut)
 
+    def _next_batch(self) -> tuple[list[tuple[ForChannel, asyncio.Future]], Any]:
+        plan = self.scheduler.plan(self.clock.now_ns())
+        items = [self._waiting.pop(u.stream_id) for u in plan.batch]
+        for u in plan.degraded:  # in the batch, without a decode
+            request, fut = self._waiting.pop(u.stream_id)
+            items.append((ForChannel(request.channel, replace(request.request, decode=False)),
+                          fut))
+        self.n_degraded += len(plan.degraded)
+        if plan.degraded and self.n_degraded == len(plan.degraded):
+            log.warning("%s: updates that could not make their due time are degraded "
+                        "(decided from the channels' last readings)", self.stage)
+        return items, plan
+
     async def _send(self) -> None:
-        while self._queue:
-            items, self._queue = self._queue, []
-            batch = ForChannels(tuple(r for r, _, _ in items))
+        while self._waiting:
+            items, plan = self._next_batch()
+            if not items:  # nothing fits yet (cannot happen with a request waiting: guard)
+                await asyncio.sleep(0)
+                continue
+            batch = ForChannels(tuple(r for r, _ in items))
             self.n_batches += 1
             self.n_items += len(items)
+            t0 = time.monotonic_ns()
             try:
-                outcomes = await super()._call(batch, min(t for _, _, t in items))
+                outcomes = await super()._call(batch, self.clock.now_ns())
             except asyncio.CancelledError:
-                for _, fut, _ in items + self._queue:
+                for _, fut in items + list(self._waiting.values()):
                     fut.cancel()
                 raise
             except Exception as exc:  # noqa: BLE001 - StageDown etc.: every caller retries
-                for _, fut, _ in items:
+                for _, fut in items:
                     if not fut.done():
                         fut.set_exception(exc)
                 continue
-            for (_, fut, _), (ok, value) in zip(items, outcomes, strict=True):
+            self.scheduler.done(plan, time.monotonic_ns() - t0)
+            for (_, fut), (ok, value) in zip(items, outcomes, strict=True):
                 if fut.done():
                     continue
                 if ok:
@@ -94,8 +147,9 @@ class BatchingSharedWorker(SharedWorker):
 
     async def close(self, timeout_s: float = 1.0) -> None:
         if self.n_batches:
-            log.info("%s: %d requests in %d batches (%.1f a batch)", self.stage, self.n_items,
-                     self.n_batches, self.n_items / self.n_batches)
+            log.info("%s: %d requests in %d batches (%.1f a batch), %d degraded", self.stage,
+                     self.n_items, self.n_batches, self.n_items / self.n_batches,
+                     self.n_degraded)
         if self._sender is not None and not self._sender.done():
             self._sender.cancel()
             await asyncio.gather(self._sender, return_exceptions=True)

@@ -245,6 +245,9 @@ class DaemonChannel(ChannelReload):
         if c.updates_skipped:
             log.warning("channel %s: %d planned recogniser updates skipped: the recogniser "
                         "was behind [recognizer] update_cost_ms", self.name, c.updates_skipped)
+        if c.updates_degraded:
+            log.warning("channel %s: %d recogniser updates degraded: the shared recogniser "
+                        "could not have made their due time", self.name, c.updates_degraded)
 
     def _audio_to_mono_ns(self, audio_ns: int) -> int:
         grid = self.pipeline.grid

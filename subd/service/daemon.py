@@ -143,11 +143,14 @@ class Daemon:
         # or several serial processes on the CPU (not for a custom recogniser: it decodes on
         # its own), or one process
         serial = not (self._batched() or self.recognizer is not None or cfg.recognizer.factory)
+        # a batched one orders the channels' requests by their due times, on their clock
+        timed = {"clock": self.clock} if self._batched() else {}
         self.recogniser = sharded_recogniser(cfg.recognizer, self._batched(), policy=policy,
-                                             on_state=self._on_stage) or \
+                                             on_state=self._on_stage, **timed) or \
             (serial and serial_recogniser(cfg.recognizer, len(cfg.channel_specs()),
                                           policy=policy, on_state=self._on_stage)) or \
-            shared_class(self._recogniser_worker(), policy=policy, on_state=self._on_stage)
+            shared_class(self._recogniser_worker(), policy=policy, on_state=self._on_stage,
+                         **timed)
         self.tagger_spec = tagger_factory(cfg)
         shared = list(getattr(self.recogniser, "shards", [self.recogniser]))
         if self.tagger_spec is not None and cfg.pipeline.tag_process:

@@ -126,6 +126,12 @@ class Metrics:
             "Planned recogniser updates left out: the recogniser was behind its schedule "
             "([recognizer] update_cost_ms).", ch, registry=r,
         )
+        self.updates_degraded = Counter(
+            "subd_recogniser_updates_degraded",
+            "Recogniser updates answered without a decode: the shared recogniser could not "
+            "have made their due time; their due words came from the last reading.", ch,
+            registry=r,
+        )
         self.file_write_errors = Counter(
             "subd_file_write_errors",
             "Failed writes of live files and the events log (retried; disk full, I/O error).",
@@ -177,7 +183,7 @@ class Metrics:
             self.lag, self.sse_clients, self.sse_drops, self.committed_word_latency,
             self.source_up, self.source_failures, self.channel_up, self.channel_restarts,
             self.sink_errors, self.file_write_errors, self.file_cues_lost,
-            self.updates_skipped,
+            self.updates_skipped, self.updates_degraded,
         )
 
     def render(self) -> bytes:
@@ -209,6 +215,7 @@ class ChannelMetrics:
         self.channel_restarts = metrics.channel_restarts.labels(c)
         self.sink_errors = metrics.sink_errors.labels(c)
         self.updates_skipped = metrics.updates_skipped.labels(c)
+        self.updates_degraded = metrics.updates_degraded.labels(c)
         self.file_write_errors = metrics.file_write_errors.labels(c)
         self.file_cues_lost = metrics.file_cues_lost.labels(c)
         self._file_seen = (0, 0)  # the sinks' running totals, as last synced
@@ -306,7 +313,7 @@ class OpsObserver:
         self.counters: Any | None = None  # the pipeline's (tickstats.Counters), once it exists
         self._misses_seen = 0
         self._sink_errors_seen = 0
-        self._skipped_seen = 0
+        self._skipped_seen = self._degraded_seen = 0
 
     def on_publish(self, state: Any, sent_ns: int) -> None:
         missed = False
@@ -320,6 +327,9 @@ class OpsObserver:
             if c.updates_skipped > self._skipped_seen:
                 self.metrics.updates_skipped.inc(c.updates_skipped - self._skipped_seen)
                 self._skipped_seen = c.updates_skipped
+            if c.updates_degraded > self._degraded_seen:
+                self.metrics.updates_degraded.inc(c.updates_degraded - self._degraded_seen)
+                self._degraded_seen = c.updates_degraded
         self.metrics.published(state.due_ns, sent_ns, fallback=state.fallback,
                                degraded=state.degraded, missed=missed)
         if self.health is not None:

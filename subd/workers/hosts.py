@@ -68,6 +68,14 @@ class UpdateRequest:
     # the stream's last update, before its final decode: a due guess at a window's edge waits
     # for that decode (StreamingRecognizer.update's ``ending``)
     ending: bool = False
+    # For a recogniser shared by channels (subd.service.batching): when its result must be in
+    # (the clock's ns: the look-ahead fetch T(k) - A of the first tick whose words it may
+    # decide; None: no deadline), and whether the channel has shown no caption yet
+    due_ns: int | None = None
+    first_caption: bool = False
+    # False: degraded, the update could not make ``due_ns``: no new audio is read and nothing
+    # is decoded, the due words are decided from the last reading (subd.gpu.scheduler)
+    decode: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,6 +95,7 @@ class RecogniseResult:
     # CPU time the update took in the recogniser's thread (duration_ns less the time other
     # processes held the core): what ``subd bench serial --update-ms ''`` lets it last
     cpu_ns: int = 0
+    degraded: bool = False  # answered without a decode: it would have missed its due time
 
 
 class RecogniserHost:
@@ -113,6 +122,7 @@ class RecogniserHost:
         self.takes_deadline = accepts(self.recognizer.update, "commit_until_ns")
         self.takes_span = accepts(self.recognizer.update, "full_span")
         self.takes_ending = accepts(self.recognizer.update, "ending")
+        self.takes_decode = accepts(self.recognizer.update, "decode")
         # what its updates cost, measured before the channel's first words (the planner's
         # first expectation, subd.recognise.warmup); not again for a channel resumed
         # mid-stream, whose planner has measured its own
@@ -141,19 +151,22 @@ class RecogniserHost:
     def handle(self, request: Any) -> RecogniseResult:
         t_ns, cpu_ns = time.monotonic_ns(), time.thread_time_ns()
         n_decodes = getattr(self.recognizer, "n_decodes", None)
-        lost = self._accept_until(request.end_sample)
+        degraded = isinstance(request, UpdateRequest) and not request.decode
+        lost = 0 if degraded else self._accept_until(request.end_sample)
         if isinstance(request, FinishRequest):
             hyp = self.recognizer.finish()
         elif request.commit_until_ns is not None and self.takes_deadline:
             kwargs = {"full_span": True} if request.full_span and self.takes_span else {}
             if request.ending and self.takes_ending:
                 kwargs["ending"] = True
+            if degraded and self.takes_decode:
+                kwargs["decode"] = False
             hyp = self.recognizer.update(commit_until_ns=request.commit_until_ns, **kwargs)
         else:
             hyp = self.recognizer.update()
         decoded = n_decodes is None or self.recognizer.n_decodes != n_decodes
         return RecogniseResult(hyp, self.accepted_sample, time.monotonic_ns() - t_ns, lost,
-                               decoded, time.thread_time_ns() - cpu_ns)
+                               decoded, time.thread_time_ns() - cpu_ns, degraded)
 
     def close(self) -> None:
         self.history.close()
