@@ -79,17 +79,19 @@ def test_first_captions_then_due_times_make_the_batch_and_the_rest_waits_its_tur
     assert all(answers[name] is not None for name in answers)
 
 
-def test_an_update_that_cannot_make_its_due_time_is_degraded_not_queued():
-    """An update due before even a batch of its own could end goes in the next batch without
-    its decode (``decode=False``), however full the batch is; the stream's last decode, due or
-    not, is never degraded."""
+def test_an_update_whose_due_time_passed_a_round_ago_is_degraded_not_queued():
+    """An update whose due time passed more than a round ago (the process is behind) goes in
+    the next batch without its decode (``decode=False``), however full the batch is; one that
+    is just late is decoded; the stream's last decode, due or not, is never degraded."""
     batches, answers, shared = _batches({
-        "hopeless": UpdateRequest(16000, 0, due_ns=5 * MS),
+        "behind": UpdateRequest(16000, 0, due_ns=-1000 * MS),
+        "just-late": UpdateRequest(16000, 0, due_ns=-5 * MS),
         "fine": UpdateRequest(16000, 0, due_ns=2000 * MS),
         "ending": FinishRequest(16000),
-    }, max_rows=1)
-    assert batches == [[("ending", None), ("hopeless", False)], [("fine", True)]]
-    assert answers["hopeless"].decode is False
+    }, max_rows=2)
+    assert batches == [[("just-late", True), ("ending", None), ("behind", False)],
+                       [("fine", True)]]
+    assert answers["behind"].decode is False
     assert shared.n_degraded == 1
 
 
