@@ -336,3 +336,18 @@ def test_words_committed_for_their_age_keep_the_reading_two_decodes_agreed_on(sp
     assert committed == (["Unless", "to"] if agreed_by == 2 else ["I", "must"])
     assert [w.text for w in rec.state.previous] == ["be"]
 
+
+
+def test_a_window_gone_silent_leaves_no_streaks_behind_its_words():
+    """Silence after tentative words commits them (_on_silence) and clears their streaks with
+    them: a streak left over outlived its words, and the next decode that read on from an
+    earlier reading (_unread_tail) failed on the two lists."""
+    from subd.types import Word
+
+    rec = StreamingRecognizer(engine=_ScriptedEngine([]))
+    rec.accept(AudioChunk(0, np.zeros(2 * SAMPLE_RATE_HZ, np.float32)))
+    rec.state.previous = [Word("over", 200_000_000, 500_000_000)]
+    rec.state.previous_streak = [1]
+    hyp = rec.update(commit_until_ns=0)
+    assert [w.text for w in hyp.committed] == ["over"]
+    assert rec.state.previous == [] and rec.state.previous_streak == []

@@ -343,7 +343,7 @@ class StreamingRecognizer:
         """No speech in the window: the tentative tail is final; skip the silence."""
         st = self.state
         newly = self._take(st.previous)
-        st.previous = []
+        st.previous, st.previous_streak = [], []  # both (a stale streak broke _unread_tail)
         commit = ns_to_samples(st.committed_end_ns) - LEAD_IN_SAMPLES
         st.window_start = max(st.window_start, min(end - LEAD_IN_SAMPLES, commit))
         st.settled_end = end
