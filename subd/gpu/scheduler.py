@@ -163,14 +163,15 @@ class GpuScheduler:
                 memo[rows] = self._predict(rows)
             return memo[rows]
 
-        # fill: hopeless once the deadline passed a round ago (class docstring)
-        alone = -self.cost.predict_ns(1) if self.fill else predict(1)
+        # hopeless once now + ``ahead`` is past a deadline: a round alone would end after it;
+        # filling, the deadline passed a round ago (class docstring)
+        ahead = -self.cost.predict_ns(1) if self.fill else predict(1)
         for u in order:
             if not u.degradable:  # no due time to keep: it goes in its turn
                 if len(batch) < cap:
                     batch.append(u)
                 continue
-            if now_ns + alone > u.deadline_ns:
+            if now_ns + ahead > u.deadline_ns:
                 degraded.append(u)  # hopeless even alone: publish the fallback, don't queue
                 continue
             if len(batch) >= cap:
