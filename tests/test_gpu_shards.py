@@ -41,6 +41,21 @@ def test_gpu_processes_takes_auto_or_a_number():
     assert config_from_dict({"recognizer": {"gpu_processes": 4}}).recognizer.gpu_processes == 4
 
 
+def test_max_rows_caps_each_shards_batches_as_well_as_its_rows():
+    """``subd bench gpu --max-rows N``: a shard's worker puts at most N requests in a batch
+    (it took 256 and the host ran larger batches in parts). Nothing is started here."""
+    from subd.service.batching import BATCH_ROWS
+    from subd.service.sharding import batched_recogniser
+
+    cfg = config_from_dict({"recognizer": {"batched": "on", "device": "cpu",
+                                           "gpu_processes": 2}}).recognizer
+    capped = batched_recogniser(cfg, cuda=False, max_rows=24)
+    assert [s.scheduler.max_rows for s in capped.shards] == [24, 24]
+    assert [s.worker._spec.kwargs["max_rows"] for s in capped.shards] == [24, 24]
+    default = batched_recogniser(cfg, cuda=False)
+    assert [s.scheduler.max_rows for s in default.shards] == [BATCH_ROWS, BATCH_ROWS]
+
+
 def _host(history, model: str = "tiny.en"):
     from subd.service.build import recognizer_spec
     from subd.workers.hosts import FactorySpec

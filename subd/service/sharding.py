@@ -163,7 +163,8 @@ def batched_recogniser(cfg: Any, *, cuda: bool, max_rows: int | None = None,
     """The daemon's batched recogniser stage from ``[recognizer]`` (``cfg``): its
     ``gpu_processes`` shards, each a process running ``host_target`` (``subd bench gpu``'s
     capacity mode names its own host, which adds a model of another size to each batch).
-    ``kwargs`` go to each shard's :class:`BatchingSharedWorker` (policy, on_state)."""
+    ``kwargs`` go to each shard's :class:`BatchingSharedWorker` (policy, on_state);
+    ``max_rows`` sizes each host's rows and caps the requests its worker puts in one batch."""
     from subd.workers.hosts import FactorySpec
     from subd.workers.process import ProcessWorker
 
@@ -173,6 +174,7 @@ def batched_recogniser(cfg: Any, *, cuda: bool, max_rows: int | None = None,
             **(host_extra or {})}
     if max_rows is not None:
         host["max_rows"] = max_rows
+        kwargs.setdefault("max_rows", max_rows)
     spec = FactorySpec(host_target, host)
     return build_shards(lambda name, _k: ProcessWorker(name, spec), n, **kwargs)
 
