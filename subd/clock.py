@@ -6,7 +6,10 @@ busy machine (DESIGN.md, "Meeting the tick on a busy machine"). Its sleeps end o
 (``wait_until_exact``), at their time, not up to 1 ms after it as epoll's timeout would: that
 is what lets 1 ms of spin do (`subd bench realtime` on the 2-core development VM, two other
 processes busy: a 1 ms or 2 ms spin both gave publish-time error p99 0.08-0.12 ms at the
-client; without the timerfd, the 2 ms spin gave 0.9-4.7 ms).
+client; without the timerfd, the 2 ms spin gave 0.9-4.7 ms). Of that millisecond the thread
+sleeps all but the last 0.2 ms (``BUSY_NS``), the loop still held: a spin of each channel's
+every tick took 12 % of a core from the recognisers with 4 channels at 30 fps on 2 cores
+(docs/MEASUREMENTS.md, "The tick clock gives its core up").
 Waits that need no precision (pacing a file, look-ahead fetches) pass ``precise=False`` and
 never spin.
 """
@@ -30,6 +33,9 @@ from subd.errors import ConfigError
 log = logging.getLogger("subd.clock")
 
 SPIN_NS = 1_000_000
+# ... of which the thread sleeps (time.sleep: the loop still held, the CPU free for the other
+# processes) all but the last BUSY_NS, and spins those
+BUSY_NS = 200_000
 
 
 # ---- exact wake-ups: a Linux timerfd --------------------------------------------------------
@@ -176,6 +182,10 @@ class MonotonicClock:
                 await asyncio.sleep(max(deadline_ns - now, 100_000) / 1e9)
                 now = time.monotonic_ns()
             return now
+        if deadline_ns - now > BUSY_NS:
+            # the loop stays held (nothing else may start in it now), the core is given up
+            time.sleep((deadline_ns - now - BUSY_NS) / 1e9)
+            now = time.monotonic_ns()
         while now < deadline_ns:
             now = time.monotonic_ns()
         return now

@@ -40,7 +40,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--latency-ms", type=int, default=2000)
     p.add_argument("--jitter-ms", type=int, default=50)
     p.add_argument("--model", default="tiny.en")
-    p.add_argument("--plot", default="realtime_latency.png", help="PNG output")
+    p.add_argument("--plot", default="realtime_latency.png", help="PNG output ('': none)")
     p.set_defaults(func=run)
 
 
@@ -307,6 +307,8 @@ def run(args: argparse.Namespace) -> int:
     naive, nobs = asyncio.run(_run_naive(args, audio))
     lat_subd = _report("subd (pull, fixed latency D)", res, obs, ref)
     lat_naive = _report("naive push", naive, nobs, ref)
+    if not args.plot:
+        return 0
     import matplotlib
 
     matplotlib.use("Agg")
