@@ -7,7 +7,8 @@
 #   scripts/device-runs.sh capacity CONFIG STREAMS NAIVE [SIZE [DECISIONS]]
 #       `subd bench gpu --policy daemon` with 8 recogniser processes under CUDA MPS; CONFIG a
 #       file in .benchdata (cut.toml, cut23.toml), SIZE a capacity-mode size (large-v3-turbo),
-#       DECISIONS its --capacity-decisions (transcript, the default, or model)
+#       DECISIONS its --capacity-decisions (transcript, the default, or model); MAX_ROWS in
+#       the environment: --max-rows (256; 48 keeps 8 large-v3-turbo-sized processes in an H100)
 #   scripts/device-runs.sh quality SETS
 #       `subd bench quality --pace real` at D = 2 s, the daemon's recogniser on CUDA
 #       (.benchdata/cuda.toml), each clip its own stream; SETS: dev, heldout or dev,heldout
@@ -46,7 +47,7 @@ case "${1:-}" in
     [ -n "${5:-}" ] && cap=(--capacity "$5" --capacity-decisions "${6:-transcript}")
     cd /tmp && python -m subd.cli bench gpu --policy daemon --model "$R/.benchdata/tiny_en" \
       --clips "$R/.benchdata/ps/librivox" "${cap[@]}" --streams "$3" --naive-streams "$4" \
-      --duration-s 12 --ramp-s 3 --warm-s 5 --max-rows 256 --gpu-processes 8 \
+      --duration-s 12 --ramp-s 3 --warm-s 5 --max-rows "${MAX_ROWS:-256}" --gpu-processes 8 \
       --config "$R/.benchdata/$2" --plot "${OUT:-/tmp}/capacity.png" 2>&1 | grep -v "^INFO" | tail -n 60
     echo quit | nvidia-cuda-mps-control
     ;;
