@@ -337,7 +337,6 @@ def test_words_committed_for_their_age_keep_the_reading_two_decodes_agreed_on(sp
     assert [w.text for w in rec.state.previous] == ["be"]
 
 
-
 def test_a_window_gone_silent_leaves_no_streaks_behind_its_words():
     """Silence after tentative words commits them (_on_silence) and clears their streaks with
     them: a streak left over outlived its words, and the next decode that read on from an

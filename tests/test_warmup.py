@@ -96,9 +96,12 @@ def _late_words(measured: bool, monkeypatch) -> list[tuple[str, float]]:
     # its decision falls near a tick's edge, as the host's int8 rounds ("concern" 2.07 s on
     # one AMD EPYC, in time on others); the first and last words are what this test is about
     last = words[-3][2]
+
+    def grace_ns(end: int) -> int:
+        return TICK_NS if end < 2000 * MS or end >= last else MID_GRACE_NS
+
     return [(text, end / 1e9) for text, _, end, sent in words
-            if sent - t0 - end > D_MS * MS + (TICK_NS if end < 2000 * MS or end >= last
-                                               else MID_GRACE_NS)]
+            if sent - t0 - end > D_MS * MS + grace_ns(end)]
 
 
 class _Unmeasured(quality.CpuTimed):
