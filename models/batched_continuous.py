@@ -291,7 +291,7 @@ class ContinuousDecoder:
         snap["tok"][:rows].copy_(buf.out_tok[:rows], non_blocking=True)
         ev = None
         if self.engine.cuda:
-            ev = torch.cuda.Event()
+            ev = torch.cuda.Event(blocking=True)  # waited for asleep (batched.wait)
             ev.record(self.engine.streams["decode"])
         return self.iteration, rows, ev, tuple(self._slots[:rows])
 

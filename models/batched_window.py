@@ -31,8 +31,13 @@ import torch
 
 from subd.kernels.mel import WINDOW_FRAMES
 from subd.kernels.mel_gpu import n_frames_for
-from subd.models.alignment import alignment_matrix, dtw_paths, within_segments, words_from_path
-from subd.models.batched import BatchedEngine, bucket, read_back, window_config
+from subd.models.alignment import (
+    alignment_matrices,
+    dtw_paths,
+    within_segments,
+    words_from_path,
+)
+from subd.models.batched import BatchedEngine, bucket, read_back, to_host, wait, window_config
 from subd.models.batched_decode import StepShape, cross_fill, prefill
 from subd.models.decoding import (
     DecodeOptions,
@@ -53,6 +58,17 @@ from subd.models.loading import LoadedModel
 from subd.models.words import word_splitter
 
 ALIGN_ROWS = 16  # rows per alignment pass: its logits are [rows, tokens, vocabulary] floats
+PROB_ROWS = 256  # token positions per softmax over the vocabulary (float32: 53 MB at 51 866)
+
+
+def _token_probs(logits: torch.Tensor, at: torch.Tensor, pos: torch.Tensor,
+                 want: torch.Tensor) -> torch.Tensor:
+    """p(want[i] | row at[i], position pos[i]) from ``logits`` [rows, L, vocabulary], in
+    slices of PROB_ROWS positions (a float32 softmax over the vocabulary each)."""
+    out = [torch.softmax(logits[at[i : i + PROB_ROWS], pos[i : i + PROB_ROWS]].float(), -1)
+           .gather(-1, want[i : i + PROB_ROWS, None])[:, 0]
+           for i in range(0, want.shape[0], PROB_ROWS)]
+    return torch.cat(out) if len(out) > 1 else out[0]
 
 
 @dataclass(frozen=True, slots=True)
@@ -196,35 +212,45 @@ class WindowEngine:
         decoder = self.batched.model.decoder
         todo = [k for k in range(len(rows)) if texts[k]]
         out: dict[int, list] = {rows[k]: [] for k in range(len(rows)) if not texts[k]}
-        dev_p, dev_c = [], []  # (row, first, token probabilities), (row, DTW cost matrix)
+        dev_p, dev_c = [], []  # ([(row, first, count)], their probabilities), (row, DTW cost)
         for lo in range(0, len(todo), ALIGN_ROWS):
             part = todo[lo : lo + ALIGN_ROWS]
             seqs = [[*self._sot(jobs[k].language), sp.no_timestamps, *texts[k], sp.eot]
                     for k in part]
             width = max(len(q) for q in seqs)
-            host = torch.full((len(part), width), sp.eot, dtype=torch.long)
+            n_sots = [len(q) - len(texts[k]) - 2 for q, k in zip(seqs, part, strict=True)]
+            # one host block: the token rows, then (row, position, token) of every text
+            # token whose probability is wanted (those after the row's known prefix)
+            wanted = [(r, k, min(known[k], len(texts[k]))) for r, k in enumerate(part)]
+            picks = [(r, n_sots[r] + j, texts[k][j]) for r, k, first in wanted
+                     for j in range(first, len(texts[k]))]
+            host = torch.full((len(part) * width + 3 * len(picks),), sp.eot, dtype=torch.long)
             for r, q in enumerate(seqs):
-                host[r, : len(q)] = torch.tensor(q)
+                host[r * width : r * width + len(q)] = torch.tensor(q)
+            if picks:
+                host[len(part) * width :] = torch.tensor(picks, dtype=torch.long).t().reshape(-1)
             sub = self._rows(feats, [rows[k] for k in part])
+            dev = host.to(sub.device, non_blocking=True)
             cache = decoder.new_cache(sub)
-            logits, qks = decoder(host.to(sub.device), cache, return_cross_qk=heads)
+            logits, qks = decoder(dev[: len(part) * width].view(len(part), width), cache,
+                                  return_cross_qk=heads)
+            if picks:
+                at, pos, want = dev[len(part) * width :].view(3, -1)
+                dev_p.append(([(k, first, len(texts[k]) - first) for _, k, first in wanted],
+                              _token_probs(logits, at, pos, want)))
             qk = torch.stack(qks, dim=1).float()  # [rows, heads, L, T]
-            for r, k in enumerate(part):
-                n_sot, n_text = len(seqs[r]) - len(texts[k]) - 2, len(texts[k])
-                first = min(known[k], n_text)
-                if first < n_text:  # row n_sot + j predicts text token j
-                    lp = torch.softmax(logits[r, n_sot + first : n_sot + n_text].float(), -1)
-                    want = torch.tensor(texts[k][first:], device=lp.device)
-                    dev_p.append((k, first, lp[torch.arange(len(want), device=lp.device), want]))
-                n_frames = max(1, min(frames[k] // 2, sub.shape[1]))
-                qk_row = qk[r, :, : len(seqs[r])]
-                if not self.batched.cuda:  # the reference computes it on the CPU
-                    qk_row = qk_row.cpu()
-                dev_c.append((k, -alignment_matrix(qk_row, n_frames, n_sot).double()))
+            if not self.batched.cuda:  # the reference computes it on the CPU
+                qk = qk.cpu()
+            n_frames = [max(1, min(frames[k] // 2, sub.shape[1])) for k in part]
+            mats = alignment_matrices(qk, n_frames, [len(q) for q in seqs], n_sots)
+            dev_c += [(k, -m.double()) for k, m in zip(part, mats, strict=True)]
         # one read per kind for every row (a read per row waited on the device twice a row)
         probs = {k: np.full(len(texts[k]), np.nan) for k in todo}
-        for (k, first, _), got in zip(dev_p, read_back([t for _, _, t in dev_p]), strict=True):
-            probs[k][first:] = got
+        for (spans, _), got in zip(dev_p, read_back([t for _, t in dev_p]), strict=True):
+            at = 0
+            for k, first, n in spans:
+                probs[k][first:] = got[at : at + n]
+                at += n
         costs = {k: got for (k, _), got in zip(dev_c, read_back([t for _, t in dev_c]),
                                                 strict=True)}
         paths = dtw_paths([costs[k] for k in todo])
@@ -354,8 +380,8 @@ class WindowEngine:
             rules.select(buf, n_rows, sample)
             self._steps(rules, shape, sample, new_max)
             width = min(buf.out_tok.shape[1], int(max_new.max()) + 1)
-            host = [x[:n].to("cpu") for x in (buf.out_tok[:, :width], buf.out_lp[:, :width],
-                                             buf.n_gen, buf.looped, no_speech)]
+            host = to_host([x[:n] for x in (buf.out_tok[:, :width], buf.out_lp[:, :width],
+                                            buf.n_gen, buf.looped, no_speech)])
             buf.n_forced[:n_rows].zero_()  # the engine's other decoders force nothing
         tok, lp, n_gen, looped, nsp = host
         self.n_decode_calls += 1
@@ -377,10 +403,10 @@ class WindowEngine:
                     break
                 continue
             eng._flags[k % 2].copy_(buf.all_done, non_blocking=True)
-            ev = torch.cuda.Event()
+            ev = torch.cuda.Event(blocking=True)  # waited for asleep (batched.wait)
             ev.record(eng.streams["decode"])
             if prev_ev is not None:
-                prev_ev.synchronize()
+                wait(prev_ev)
                 if bool(eng._flags[(k - 1) % 2]):
                     break
             prev_ev, k = ev, k + 1

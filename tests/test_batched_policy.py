@@ -57,6 +57,7 @@ def test_windows_with_prompt_and_forced_prefix_equal_the_single_stream_engine(
         assert [w.text for w in res.words] == [w.text for w in ref.words]
         for a, b in zip(res.words, ref.words, strict=True):
             assert abs(a.start_s - b.start_s) <= 0.021 and abs(a.end_s - b.end_s) <= 0.021
+            assert np.isclose(a.probability, b.probability, atol=1e-4, equal_nan=True)
     assert windows.n_decode_calls >= 1
 
 
@@ -106,3 +107,20 @@ def test_one_dtw_sweep_gives_each_matrix_its_own_path():
     for (rows, cols), cost in zip(dtw_paths(costs), costs, strict=True):
         want_rows, want_cols = dtw_path(cost)
         assert rows.tolist() == want_rows.tolist() and cols.tolist() == want_cols.tolist()
+
+
+def test_batched_alignment_matrices_equal_each_rows_own():
+    """Rows of other lengths and frame counts in one batch (masked softmax, per-row
+    normalisation and reflect padding); 3 frames or fewer: no median filter, as alone."""
+    import torch
+
+    from subd.models.alignment import alignment_matrices, alignment_matrix
+
+    gen = torch.Generator().manual_seed(5)
+    qk = torch.randn(6, 4, 20, 300, generator=gen) * 3
+    frames, lengths, n_sots = [300, 1, 3, 4, 150, 57], [20, 5, 7, 12, 18, 9], [3, 2, 3, 3, 4, 3]
+    got = alignment_matrices(qk, frames, lengths, n_sots)
+    for r, mat in enumerate(got):
+        want = alignment_matrix(qk[r, :, : lengths[r]], frames[r], n_sots[r])
+        assert mat.shape == want.shape
+        assert torch.allclose(mat, want, atol=1e-5), r

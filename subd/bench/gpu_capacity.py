@@ -40,7 +40,7 @@ import torch
 
 from subd.kernels.mel import WINDOW_FRAMES
 from subd.kernels.mel_gpu import n_frames_for
-from subd.models.alignment import alignment_matrix
+from subd.models.alignment import alignment_matrices
 from subd.models.batched_window import WindowEngine, WindowJob
 from subd.models.engine import WINDOW_SAMPLES
 from subd.models.loading import LoadedModel
@@ -209,10 +209,10 @@ class CapacityWindows:
             sub = big._rows(feats, part)
             _, qks = decoder(host.to(sub.device), decoder.new_cache(sub), return_cross_qk=heads)
             qk = torch.stack(qks, dim=1).float()
-            for r, k in enumerate(part):
-                n_frames = max(1, min(frames[k] // 2, sub.shape[1]))
-                sums.append(alignment_matrix(qk[r, :, : len(seqs[r])], n_frames,
-                                             len(sot)).sum())
+            n_frames = [max(1, min(frames[k] // 2, sub.shape[1])) for k in part]
+            mats = alignment_matrices(qk, n_frames, [len(q) for q in seqs],
+                                      [len(sot)] * len(part))
+            sums += [m.sum() for m in mats]
         if sums:
             float(torch.stack(sums).sum())
 
