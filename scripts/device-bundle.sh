@@ -39,11 +39,15 @@ EOF
 cat > "$out/site.sh" <<'EOF'
 # source from the checkout's root on the GPU machine: subd and its wheels in /tmp/site
 set -e
-if [ ! -f /tmp/site/.done ]; then
+# a warm machine keeps /tmp/site between calls: install again when the wheels or the code
+# changed (a stale install once ran a call's bench on the last call's wheels)
+stamp=$(cat .benchdata/wheels/*.whl pyproject.toml $(find subd models kernels -name '*.py' | sort) | md5sum)
+if [ "$(cat /tmp/site/.done 2>/dev/null)" != "$stamp" ]; then
+  rm -rf /tmp/site
   pip install -q --no-deps --target /tmp/site .benchdata/wheels/*.whl
   pip install -q --no-deps --no-build-isolation --target /tmp/site .
   ln -sfn "$PWD/data" /tmp/site/data
-  touch /tmp/site/.done
+  echo "$stamp" > /tmp/site/.done
 fi
 export PYTHONPATH=/tmp/site SUBD_POCKETSPHINX=$PWD/.benchdata/ps PATH=/tmp/site/bin:$PATH
 set +e
