@@ -124,3 +124,32 @@ def test_batched_alignment_matrices_equal_each_rows_own():
         want = alignment_matrix(qk[r, :, : lengths[r]], frames[r], n_sots[r])
         assert mat.shape == want.shape
         assert torch.allclose(mat, want, atol=1e-5), r
+
+
+def test_dtw_rows_give_the_cell_by_cell_recurrences_path():
+    """dtw_path sweeps rows with running sums and minima; the textbook recurrence (each cell
+    from its diagonal, upper and left neighbour, ties in that order) walks the same path."""
+    from subd.models.alignment import dtw_path
+
+    def reference(cost):
+        n, m = cost.shape
+        acc = np.full((n + 1, m + 1), np.inf)
+        acc[0, 0] = 0.0
+        step = np.zeros((n + 1, m + 1), dtype=int)
+        for i in range(1, n + 1):
+            for j in range(1, m + 1):
+                options = (acc[i - 1, j - 1], acc[i - 1, j], acc[i, j - 1])
+                step[i, j] = int(np.argmin(options))
+                acc[i, j] = cost[i - 1, j - 1] + options[step[i, j]]
+        i, j, cells = n, m, []
+        while i > 0 and j > 0:
+            cells.append((i - 1, j - 1))
+            i, j = (i - 1, j - 1) if step[i, j] == 0 else (i - 1, j) if step[i, j] == 1 \
+                else (i, j - 1)
+        return cells[::-1]
+
+    rng = np.random.default_rng(11)
+    for n, m in ((1, 1), (1, 9), (9, 1), (4, 30), (12, 40), (25, 25)):
+        cost = rng.standard_normal((n, m))
+        rows, cols = dtw_path(cost)
+        assert list(zip(rows.tolist(), cols.tolist(), strict=True)) == reference(cost), (n, m)
