@@ -31,13 +31,9 @@ import torch
 
 from subd.kernels.mel import WINDOW_FRAMES
 from subd.kernels.mel_gpu import n_frames_for
-from subd.models.alignment import (
-    alignment_matrices,
-    dtw_paths,
-    within_segments,
-    words_from_path,
-)
-from subd.models.batched import BatchedEngine, bucket, read_back, to_host, wait, window_config
+from subd.models.alignment import within_segments
+from subd.models.batched import BatchedEngine, bucket, to_host, wait, window_config
+from subd.models.batched_align import align_rows
 from subd.models.batched_decode import StepShape, cross_fill, prefill
 from subd.models.decoding import (
     DecodeOptions,
@@ -55,20 +51,6 @@ from subd.models.engine import (
     WindowResult,
 )
 from subd.models.loading import LoadedModel
-from subd.models.words import word_splitter
-
-ALIGN_ROWS = 16  # rows per alignment pass: its logits are [rows, tokens, vocabulary] floats
-PROB_ROWS = 256  # token positions per softmax over the vocabulary (float32: 53 MB at 51 866)
-
-
-def _token_probs(logits: torch.Tensor, at: torch.Tensor, pos: torch.Tensor,
-                 want: torch.Tensor) -> torch.Tensor:
-    """p(want[i] | row at[i], position pos[i]) from ``logits`` [rows, L, vocabulary], in
-    slices of PROB_ROWS positions (a float32 softmax over the vocabulary each)."""
-    out = [torch.softmax(logits[at[i : i + PROB_ROWS], pos[i : i + PROB_ROWS]].float(), -1)
-           .gather(-1, want[i : i + PROB_ROWS, None])[:, 0]
-           for i in range(0, want.shape[0], PROB_ROWS)]
-    return torch.cat(out) if len(out) > 1 else out[0]
 
 
 @dataclass(frozen=True, slots=True)
@@ -200,66 +182,10 @@ class WindowEngine:
         return out
 
     # ---- word timings ----------------------------------------------------------------------
-    @torch.inference_mode()
     def _align(self, feats: torch.Tensor, rows: list[int], jobs: list[WindowJob],
                texts: list[list[int]], frames: list[int], known: list[int]
                ) -> dict[int, list]:
-        """``align_words`` for many rows: one decoder pass per chunk of rows (padded with
-        end-of-text after each row's own), the attention matrices on the device, and one DTW
-        sweep for all (models.alignment.dtw_paths); the same timings as row by row."""
-        sp, tok = self.tokenizer.special, self.tokenizer
-        heads = self.single.loaded.alignment_heads
-        decoder = self.batched.model.decoder
-        todo = [k for k in range(len(rows)) if texts[k]]
-        out: dict[int, list] = {rows[k]: [] for k in range(len(rows)) if not texts[k]}
-        dev_p, dev_c = [], []  # ([(row, first, count)], their probabilities), (row, DTW cost)
-        for lo in range(0, len(todo), ALIGN_ROWS):
-            part = todo[lo : lo + ALIGN_ROWS]
-            seqs = [[*self._sot(jobs[k].language), sp.no_timestamps, *texts[k], sp.eot]
-                    for k in part]
-            width = max(len(q) for q in seqs)
-            n_sots = [len(q) - len(texts[k]) - 2 for q, k in zip(seqs, part, strict=True)]
-            # one host block: the token rows, then (row, position, token) of every text
-            # token whose probability is wanted (those after the row's known prefix)
-            wanted = [(r, k, min(known[k], len(texts[k]))) for r, k in enumerate(part)]
-            picks = [(r, n_sots[r] + j, texts[k][j]) for r, k, first in wanted
-                     for j in range(first, len(texts[k]))]
-            host = torch.full((len(part) * width + 3 * len(picks),), sp.eot, dtype=torch.long)
-            for r, q in enumerate(seqs):
-                host[r * width : r * width + len(q)] = torch.tensor(q)
-            if picks:
-                host[len(part) * width :] = torch.tensor(picks, dtype=torch.long).t().reshape(-1)
-            sub = self._rows(feats, [rows[k] for k in part])
-            dev = host.to(sub.device, non_blocking=True)
-            cache = decoder.new_cache(sub)
-            logits, qks = decoder(dev[: len(part) * width].view(len(part), width), cache,
-                                  return_cross_qk=heads)
-            if picks:
-                at, pos, want = dev[len(part) * width :].view(3, -1)
-                dev_p.append(([(k, first, len(texts[k]) - first) for _, k, first in wanted],
-                              _token_probs(logits, at, pos, want)))
-            qk = torch.stack(qks, dim=1).float()  # [rows, heads, L, T]
-            if not self.batched.cuda:  # the reference computes it on the CPU
-                qk = qk.cpu()
-            n_frames = [max(1, min(frames[k] // 2, sub.shape[1])) for k in part]
-            mats = alignment_matrices(qk, n_frames, [len(q) for q in seqs], n_sots)
-            dev_c += [(k, -m.double()) for k, m in zip(part, mats, strict=True)]
-        # one read per kind for every row (a read per row waited on the device twice a row)
-        probs = {k: np.full(len(texts[k]), np.nan) for k in todo}
-        for (spans, _), got in zip(dev_p, read_back([t for _, t in dev_p]), strict=True):
-            at = 0
-            for k, first, n in spans:
-                probs[k][first:] = got[at : at + n]
-                at += n
-        costs = {k: got for (k, _), got in zip(dev_c, read_back([t for _, t in dev_c]),
-                                                strict=True)}
-        paths = dtw_paths([costs[k] for k in todo])
-        language = getattr(self.single, "language", "en")
-        for k, (text_idx, time_idx) in zip(todo, paths, strict=True):
-            split = word_splitter(tok, jobs[k].language or language)
-            out[rows[k]] = words_from_path(tok, texts[k], min(known[k], len(texts[k])),
-                                           probs[k], text_idx, time_idx, split)
-        return out
+        return align_rows(self, feats, rows, jobs, texts, frames, known)
 
     def _sot(self, language: str | None) -> list[int]:
         if language is not None and self.tokenizer.multilingual:

@@ -192,7 +192,7 @@ class CapacityWindows:
                frames: list[int]) -> None:
         """The word-timing pass's device work (decoder pass with the alignment heads, the
         matrices DTW walks); read back so that it is done before the channels hear back."""
-        from subd.models.batched_window import ALIGN_ROWS
+        from subd.models.batched_align import ALIGN_ROWS
 
         big, sp = self.big, self.tokenizer.special
         heads = big.single.loaded.alignment_heads
