@@ -13,8 +13,8 @@ Which requests make the next batch is the deadline-aware scheduler's choice
 caption yet first, then by each update's due time (``UpdateRequest.due_ns``: the look-ahead
 fetch T(k) − A of the first tick whose words it may decide), up to ``max_rows`` requests (the
 scheduler's ``fill``: a round is not cut short for its tightest member). A request left out
-waits for the next batch, first in line if its due time comes first. An update that could not
-make its due time even in a batch of its own (the rounds measured so far predict how long that
+waits for the next batch, first in line if its due time comes first. An update whose due time
+passed a whole round ago (the process is behind; the rounds measured so far say how long one
 takes) is degraded, not queued: it
 goes in the batch without its decode (``decode=False``: no new audio read, the due words decided
 from the channel's last reading), the channel counts it (``subd_recogniser_updates_degraded``)
