@@ -9,6 +9,8 @@
 #       file in .benchdata (cut.toml, cut23.toml), SIZE a capacity-mode size (large-v3-turbo),
 #       DECISIONS its --capacity-decisions (transcript, the default, or model); MAX_ROWS in
 #       the environment: --max-rows (256; 48 keeps 8 large-v3-turbo-sized processes in an H100)
+#   scripts/device-runs.sh round [ROWS]
+#       `subd bench round --profile`: one batched round of tiny.en, stage by stage (44 rows)
 #   scripts/device-runs.sh quality SETS
 #       `subd bench quality --pace real` at D = 2 s, the daemon's recogniser on CUDA
 #       (.benchdata/cuda.toml), each clip its own stream; SETS: dev, heldout or dev,heldout
@@ -18,7 +20,8 @@ case "${1:-}" in
   check) ;;
   capacity) [ $# -ge 4 ] || { echo "usage: $0 capacity CONFIG STREAMS NAIVE [SIZE [DECISIONS]]" >&2; exit 2; } ;;
   quality) [ $# -ge 2 ] || { echo "usage: $0 quality SETS" >&2; exit 2; } ;;
-  *) echo "usage: $0 check | capacity CONFIG STREAMS NAIVE [SIZE [DECISIONS]] | quality SETS" >&2; exit 2 ;;
+  round) ;;
+  *) echo "usage: $0 check | capacity CONFIG STREAMS NAIVE [SIZE [DECISIONS]] | round [ROWS] | quality SETS" >&2; exit 2 ;;
 esac
 command -v nvidia-smi >/dev/null || { echo "$0: no NVIDIA GPU here (run it on the GPU machine)" >&2; exit 2; }
 cd "$(dirname "$0")/.."
@@ -50,6 +53,10 @@ case "${1:-}" in
       --duration-s 12 --ramp-s 3 --warm-s 5 --max-rows "${MAX_ROWS:-256}" --gpu-processes 8 \
       --config "$R/.benchdata/$2" --plot "${OUT:-/tmp}/capacity.png" 2>&1 | grep -v "^INFO" | tail -n 60
     echo quit | nvidia-cuda-mps-control
+    ;;
+  round)
+    cd /tmp && python -m subd.cli bench round --model "$R/.benchdata/tiny_en" \
+      --clips "$R/.benchdata/ps/librivox" --rows "${2:-44}" --profile 2>&1 | grep -v "^INFO"
     ;;
   quality)
     cd /tmp && python -m subd.cli bench quality --model "$R/.benchdata/tiny_en" \

@@ -124,3 +124,16 @@ def test_daemon_settings_pair_each_device_with_the_processes_that_apply_there():
                 dict(update_ms=5), dict(update_cost_ms=10)):
         with pytest.raises(UserError, match="--device a comma list"):
             _settings(args(**bad))
+
+
+def test_round_prints_each_stages_share_of_a_batched_round():
+    out = bench("round", "--device", "cpu", "--rows", "2", "--rounds", "1")
+    assert "2 windows a round of tiny.en on cpu (fp32)" in out
+    free = float(re.search(r"round as it runs: ([\d.]+) ms", out).group(1))
+    split = re.search(r"round with each stage synchronised: ([\d.]+) ms = (.*), host between "
+                      r"them (-?[\d.]+) ms", out)
+    stages = dict((k, float(v)) for k, v in re.findall(r"(\w+) ([\d.]+)", split.group(2)))
+    assert list(stages) == ["upload", "features", "encode", "decode", "align"]
+    assert free > 0 and all(v >= 0 for v in stages.values())
+    assert stages["decode"] > 0 and stages["encode"] > 0
+    assert abs(sum(stages.values()) + float(split.group(3)) - float(split.group(1))) < 0.5
