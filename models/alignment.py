@@ -113,20 +113,17 @@ def alignment_matrices(qk: torch.Tensor, n_frames: list[int], lengths: list[int]
     pad = MEDIAN_FILTER_WIDTH // 2
     short = [r for r in range(rows) if n_frames[r] <= pad]  # unfiltered there: row by row
     # one host block, one copy: frame mask, token mask, each row's reflect-padded frame indices
-    host = torch.zeros(rows, 2 * n_fr + n_tok + 2 * pad, dtype=torch.long)
-    at = torch.arange(-pad, n_fr + pad).abs()
-    for r, (nf, nt) in enumerate(zip(n_frames, lengths, strict=True)):
-        host[r, :nf] = 1
-        host[r, n_fr : n_fr + nt] = 1
-        top = max(nf - 1, 0)
-        host[r, n_fr + n_tok :] = torch.where(at > top, 2 * top - at, at).clamp(0, top)
-    dev = host.to(qk.device, non_blocking=True)
+    frames, tokens = torch.tensor(n_frames)[:, None], torch.tensor(lengths)[:, None]
+    top = (frames - 1).clamp(min=0)
+    at = torch.arange(-pad, n_fr + pad).abs()[None, :]
+    reflect = torch.minimum(torch.where(at > top, 2 * top - at, at).clamp(min=0), top)
+    host = torch.cat([torch.arange(n_fr) < frames, torch.arange(n_tok) < tokens], dim=1)
+    dev = torch.cat([host.long(), reflect], dim=1).to(qk.device, non_blocking=True)
     frame_ok = dev[:, :n_fr].bool()[:, None, None, :]
     tok_ok = dev[:, n_fr : n_fr + n_tok].to(qk.dtype)[:, None, :, None]
     reflect = dev[:, n_fr + n_tok :]
     x = qk[:, :, :n_tok, :n_fr].masked_fill(~frame_ok, float("-inf")).softmax(dim=-1)
-    count = torch.tensor(lengths, dtype=qk.dtype).to(qk.device, non_blocking=True)
-    count = count[:, None, None, None]
+    count = tok_ok.sum(dim=-2, keepdim=True)  # each row's own tokens
     mean = (x * tok_ok).sum(dim=-2, keepdim=True) / count
     std = (((x - mean) * tok_ok).square().sum(dim=-2, keepdim=True) / count).sqrt()
     x = (x - mean) / (std + 1e-10)

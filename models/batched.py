@@ -310,7 +310,7 @@ class BatchedEngine:
         return self.tokenizer.decode(result.text_tokens(self.special.timestamp_begin)).strip()
 
 
-def wait(event: torch.cuda.Event | None = None) -> torch.cuda.Event:
+def wait(event: torch.cuda.Event | None = None) -> None:
     """Block this thread until the current stream's work so far (or ``event``) is done,
     asleep: an event made with ``blocking=True`` yields the core, where a plain one, and the
     synchronous copies back, spin on it (8 recogniser processes under MPS kept 8 cores at
@@ -319,7 +319,6 @@ def wait(event: torch.cuda.Event | None = None) -> torch.cuda.Event:
         event = torch.cuda.Event(blocking=True)
         event.record()
     event.synchronize()
-    return event
 
 
 def to_host(tensors: list[torch.Tensor]) -> list[torch.Tensor]:

@@ -90,14 +90,12 @@ def run(args: argparse.Namespace) -> int:
 
     from subd.bench.gpu_sim import load_library
     from subd.errors import UserError
-    from subd.gpu.device import place, torch_dtype
+    from subd.gpu.device import place, resolve_device, torch_dtype
     from subd.gpu.serve import load_weights
     from subd.models.batched_window import WindowEngine
 
     if args.rows < 1 or args.rounds < 1:
         raise UserError("--rows and --rounds must be at least 1")
-    from subd.gpu.device import resolve_device
-
     cpu = resolve_device(args.device, "--device") == "cpu"
     # the batched engine runs float32 on the CPU (int8 is the serial engine's)
     placement = place(args.device, "fp32" if cpu and args.precision == "auto" else args.precision)
