@@ -190,6 +190,29 @@ class BatchedEngine:
         if self.cuda:
             torch.cuda.synchronize(self.device)
 
+    def run_steps(self, rules: BatchRules, shape: StepShape, sample: bool, new_max: int) -> int:
+        """Decode chunks of steps until every row is done or ``new_max`` steps are taken (the
+        first came from the prefill); return the steps taken. On CUDA the host reads the done
+        flag of the chunk before the one just queued, so it never waits on the step it launched,
+        and it waits asleep (:func:`wait`)."""
+        n_steps, k, prev_ev = 1, 0, None
+        while n_steps < new_max:
+            self._replay(rules, shape, sample)
+            n_steps += self.config.chunk_steps
+            if not self.cuda:
+                if bool(self.buf.all_done):
+                    break
+                continue
+            self._flags[k % 2].copy_(self.buf.all_done, non_blocking=True)
+            ev = torch.cuda.Event(blocking=True)
+            ev.record(self.streams["decode"])
+            if prev_ev is not None:
+                wait(prev_ev)
+                if bool(self._flags[(k - 1) % 2]):
+                    break
+            prev_ev, k = ev, k + 1
+        return n_steps
+
     @torch.inference_mode()
     def decode(self, audio_features: torch.Tensor, previous: list[list[int] | None],
                options: DecodeOptions = DEFAULT_OPTIONS) -> list[DecodeResult]:
@@ -238,23 +261,7 @@ class BatchedEngine:
             no_speech = prefill(self.model.decoder, buf, host_prompts.to(dev), plen.to(dev),
                                 sot.to(dev), shape, self.special.no_speech)
             rules.select(buf, rows, sample)
-            n_steps, k, prev_ev = 1, 0, None
-            while n_steps < max(max_new):
-                self._replay(rules, shape, sample)
-                n_steps += self.config.chunk_steps
-                if not self.cuda:
-                    if bool(buf.all_done):
-                        break
-                    continue
-                # deferred check: queue this chunk's flag, read the previous chunk's one
-                self._flags[k % 2].copy_(buf.all_done, non_blocking=True)
-                ev = torch.cuda.Event(blocking=True)  # waited for asleep (wait())
-                ev.record(self.streams["decode"])
-                if prev_ev is not None:
-                    wait(prev_ev)
-                    if bool(self._flags[(k - 1) % 2]):
-                        break
-                prev_ev, k = ev, k + 1
+            n_steps = self.run_steps(rules, shape, sample, max(max_new))
             host = to_host([x[:n] for x in (buf.out_tok[:, :n_steps], buf.out_lp[:, :n_steps],
                                             buf.n_gen, buf.looped, no_speech)])
         tok, lp, n_gen, looped, nsp = host

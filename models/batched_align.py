@@ -31,22 +31,22 @@ def _token_probs(logits: torch.Tensor, at: torch.Tensor, pos: torch.Tensor,
 
 
 @torch.inference_mode()
-def align_rows(windows: Any, feats: torch.Tensor, rows: list[int], jobs: list[Any],
-               texts: list[list[int]], frames: list[int], known: list[int]) -> dict[int, list]:
-    """``align_words`` for many rows of a ``WindowEngine`` batch (``jobs``: its
-    ``WindowJob`` list): one decoder pass per chunk of rows (padded with
-    end-of-text after each row's own), the attention matrices on the device, and one DTW
-    sweep for all (models.alignment.dtw_paths); the same timings as row by row."""
-    sp, tok = windows.tokenizer.special, windows.tokenizer
+def alignment_pass(windows: Any, feats: torch.Tensor, rows: list[int],
+                   languages: list[str | None], texts: list[list[int]], frames: list[int],
+                   known: list[int]) -> tuple[list, list]:
+    """The word-timing pass's device work for the rows ``rows`` of ``feats`` (``texts[k]``
+    non-empty): one decoder pass with the alignment heads per chunk of ``ALIGN_ROWS`` rows
+    (padded with end-of-text after each row's own), the matrices DTW walks and the
+    probabilities of the text tokens after each row's ``known`` prefix. Returns, per chunk,
+    ``([(k, first, count)], probabilities)`` where a chunk has tokens to score, and per row
+    ``(k, cost matrix)``, all still on the device."""
+    sp = windows.tokenizer.special
     heads = windows.single.loaded.alignment_heads
     decoder = windows.batched.model.decoder
-    todo = [k for k in range(len(rows)) if texts[k]]
-    out: dict[int, list] = {rows[k]: [] for k in range(len(rows)) if not texts[k]}
-    dev_p, dev_c = [], []  # ([(row, first, count)], their probabilities), (row, DTW cost)
-    for lo in range(0, len(todo), ALIGN_ROWS):
-        part = todo[lo : lo + ALIGN_ROWS]
-        seqs = [[*windows._sot(jobs[k].language), sp.no_timestamps, *texts[k], sp.eot]
-                for k in part]
+    dev_p, dev_c = [], []
+    for lo in range(0, len(rows), ALIGN_ROWS):
+        part = list(range(lo, min(lo + ALIGN_ROWS, len(rows))))
+        seqs = [[*windows.sot(languages[k]), sp.no_timestamps, *texts[k], sp.eot] for k in part]
         width = max(len(q) for q in seqs)
         n_sots = [len(q) - len(texts[k]) - 2 for q, k in zip(seqs, part, strict=True)]
         # one host block: the token rows, then (row, position, token) of every text
@@ -59,7 +59,7 @@ def align_rows(windows: Any, feats: torch.Tensor, rows: list[int], jobs: list[An
             host[r * width : r * width + len(q)] = torch.tensor(q)
         if picks:
             host[len(part) * width :] = torch.tensor(picks, dtype=torch.long).t().reshape(-1)
-        sub = windows._rows(feats, [rows[k] for k in part])
+        sub = windows.take_rows(feats, [rows[k] for k in part])
         dev = host.to(sub.device, non_blocking=True)
         cache = decoder.new_cache(sub)
         logits, qks = decoder(dev[: len(part) * width].view(len(part), width), cache,
@@ -74,15 +74,30 @@ def align_rows(windows: Any, feats: torch.Tensor, rows: list[int], jobs: list[An
         n_frames = [max(1, min(frames[k] // 2, sub.shape[1])) for k in part]
         mats = alignment_matrices(qk, n_frames, [len(q) for q in seqs], n_sots)
         dev_c += [(k, -m.double()) for k, m in zip(part, mats, strict=True)]
+    return dev_p, dev_c
+
+
+@torch.inference_mode()
+def align_rows(windows: Any, feats: torch.Tensor, rows: list[int], jobs: list[Any],
+               texts: list[list[int]], frames: list[int], known: list[int]) -> dict[int, list]:
+    """``align_words`` for many rows of a ``WindowEngine`` batch (``jobs``: its
+    ``WindowJob`` list): :func:`alignment_pass` on the device, one read back of each kind,
+    and one DTW sweep for all (models.alignment.dtw_paths); the same timings as row by row."""
+    tok = windows.tokenizer
+    todo = [k for k in range(len(rows)) if texts[k]]
+    out: dict[int, list] = {rows[k]: [] for k in range(len(rows)) if not texts[k]}
+    dev_p, dev_c = alignment_pass(windows, feats, [rows[k] for k in todo],
+                                  [jobs[k].language for k in todo], [texts[k] for k in todo],
+                                  [frames[k] for k in todo], [known[k] for k in todo])
     # one read per kind for every row (a read per row waited on the device twice a row)
     probs = {k: np.full(len(texts[k]), np.nan) for k in todo}
     for (spans, _), got in zip(dev_p, read_back([t for _, t in dev_p]), strict=True):
         at = 0
-        for k, first, n in spans:
-            probs[k][first:] = got[at : at + n]
+        for i, first, n in spans:
+            probs[todo[i]][first:] = got[at : at + n]
             at += n
-    costs = {k: got for (k, _), got in zip(dev_c, read_back([t for _, t in dev_c]),
-                                            strict=True)}
+    costs = {todo[i]: got for (i, _), got in zip(dev_c, read_back([t for _, t in dev_c]),
+                                                 strict=True)}
     paths = dtw_paths([costs[k] for k in todo])
     language = getattr(windows.single, "language", "en")
     for k, (text_idx, time_idx) in zip(todo, paths, strict=True):

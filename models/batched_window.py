@@ -32,7 +32,7 @@ import torch
 from subd.kernels.mel import WINDOW_FRAMES
 from subd.kernels.mel_gpu import n_frames_for
 from subd.models.alignment import within_segments
-from subd.models.batched import BatchedEngine, bucket, to_host, wait, window_config
+from subd.models.batched import BatchedEngine, bucket, to_host, window_config
 from subd.models.batched_align import align_rows
 from subd.models.batched_decode import StepShape, cross_fill, prefill
 from subd.models.decoding import (
@@ -157,7 +157,7 @@ class WindowEngine:
                 except Exception as exc:  # noqa: BLE001 - that stream's failure, not the batch's
                     errors[b] = exc
         if redo:
-            sub = self._rows(feats, redo)
+            sub = self.take_rows(feats, redo)
             again = self._with_fallback(sub, [jobs[b] for b in redo], [()] * len(redo))
             for b, res in zip(redo, again, strict=True):
                 results[b], used[b] = res, False
@@ -187,12 +187,14 @@ class WindowEngine:
                ) -> dict[int, list]:
         return align_rows(self, feats, rows, jobs, texts, frames, known)
 
-    def _sot(self, language: str | None) -> list[int]:
+    def sot(self, language: str | None) -> list[int]:
+        """The start-of-transcript tokens of a row in ``language`` (None: the engine's own)."""
         if language is not None and self.tokenizer.multilingual:
             return self.tokenizer.sot_sequence(language)
         return list(self.single.sot_sequence)
 
-    def _rows(self, feats: torch.Tensor, rows: list[int]) -> torch.Tensor:
+    def take_rows(self, feats: torch.Tensor, rows: list[int]) -> torch.Tensor:
+        """Rows ``rows`` of encoder output ``feats``, taken on the decode stream."""
         eng = self.batched
         with eng._on("decode", after="encode"):  # feats come from the encode stream
             return feats.index_select(0, torch.tensor(rows, device=feats.device))
@@ -214,7 +216,7 @@ class WindowEngine:
                 previous = jobs[r].previous if temperature <= 0.5 else None
                 rows.append(self._row(previous, prefixes[r], o.max_new_tokens,
                                       jobs[r].language, o.continue_prefix))
-            sub = feats if len(todo) == len(jobs) else self._rows(feats, todo)
+            sub = feats if len(todo) == len(jobs) else self.take_rows(feats, todo)
             got = self._decode(sub, rows, opts[0])
             retry = []
             for r, res in zip(todo, got, strict=True):
@@ -234,7 +236,7 @@ class WindowEngine:
              language: str | None, cont: bool = False) -> _Row:
         sp = self.tokenizer.special
         before = [sp.sot_prev, *previous[-MAX_PROMPT_TOKENS:]] if previous else []
-        prompt = before + self._sot(language)
+        prompt = before + self.sot(language)
         n_ctx = self.batched.model.dims.n_text_ctx
         return _Row(prompt, len(before), prefix,
                     max(0, min(max_new, n_ctx - len(prompt) - len(prefix))), cont)
@@ -304,7 +306,7 @@ class WindowEngine:
             # of the transcript, not of the prompt
             buf.plen[:n_rows] = plen_dev - buf.n_forced[:n_rows]
             rules.select(buf, n_rows, sample)
-            self._steps(rules, shape, sample, new_max)
+            eng.run_steps(rules, shape, sample, new_max)
             width = min(buf.out_tok.shape[1], int(max_new.max()) + 1)
             host = to_host([x[:n] for x in (buf.out_tok[:, :width], buf.out_lp[:, :width],
                                             buf.n_gen, buf.looped, no_speech)])
@@ -315,27 +317,6 @@ class WindowEngine:
         return [self._result(r, tok[b, : n_gen[b]].tolist(), float(lp[b].sum()), float(nsp[b]),
                              options.temperature, bool(looped[b]))
                 for b, r in enumerate(rows)]
-
-    def _steps(self, rules, shape: StepShape, sample: bool, new_max: int) -> None:
-        """Decode chunks until every row is done; on CUDA the host reads the done flag of the
-        chunk before the one just queued, so it never waits on the step it launched."""
-        eng, buf = self.batched, self.batched.buf
-        n_steps, k, prev_ev = 1, 0, None
-        while n_steps < new_max:
-            eng._replay(rules, shape, sample)
-            n_steps += eng.config.chunk_steps
-            if not eng.cuda:
-                if bool(buf.all_done):
-                    break
-                continue
-            eng._flags[k % 2].copy_(buf.all_done, non_blocking=True)
-            ev = torch.cuda.Event(blocking=True)  # waited for asleep (batched.wait)
-            ev.record(eng.streams["decode"])
-            if prev_ev is not None:
-                wait(prev_ev)
-                if bool(eng._flags[(k - 1) % 2]):
-                    break
-            prev_ev, k = ev, k + 1
 
     def _result(self, row: _Row, tokens: list[int], sum_lp: float, no_speech: float,
                 temperature: float, looped: bool) -> DecodeResult:

@@ -40,7 +40,7 @@ import torch
 
 from subd.kernels.mel import WINDOW_FRAMES
 from subd.kernels.mel_gpu import n_frames_for
-from subd.models.alignment import alignment_matrices
+from subd.models.batched_align import alignment_pass
 from subd.models.batched_window import WindowEngine, WindowJob
 from subd.models.engine import WINDOW_SAMPLES
 from subd.models.loading import LoadedModel
@@ -190,31 +190,13 @@ class CapacityWindows:
 
     def _align(self, feats: torch.Tensor, todo: list[int], texts: list[list[int]],
                frames: list[int]) -> None:
-        """The word-timing pass's device work (decoder pass with the alignment heads, the
-        matrices DTW walks); read back so that it is done before the channels hear back."""
-        from subd.models.batched_align import ALIGN_ROWS
-
-        big, sp = self.big, self.tokenizer.special
-        heads = big.single.loaded.alignment_heads
-        decoder = big.batched.model.decoder
-        sums = []
-        for lo in range(0, len(todo), ALIGN_ROWS):
-            part = todo[lo : lo + ALIGN_ROWS]
-            sot = big._sot(None)
-            seqs = [[*sot, sp.no_timestamps, *texts[k], sp.eot] for k in part]
-            width = max(len(q) for q in seqs)
-            host = torch.full((len(part), width), sp.eot, dtype=torch.long)
-            for r, q in enumerate(seqs):
-                host[r, : len(q)] = torch.tensor(q)
-            sub = big._rows(feats, part)
-            _, qks = decoder(host.to(sub.device), decoder.new_cache(sub), return_cross_qk=heads)
-            qk = torch.stack(qks, dim=1).float()
-            n_frames = [max(1, min(frames[k] // 2, sub.shape[1])) for k in part]
-            mats = alignment_matrices(qk, n_frames, [len(q) for q in seqs],
-                                      [len(sot)] * len(part))
-            sums += [m.sum() for m in mats]
-        if sums:
-            float(torch.stack(sums).sum())
+        """The word-timing pass's device work (models.batched_align.alignment_pass, no token
+        probabilities); waited for, so that it is done before the channels hear back."""
+        _, mats = alignment_pass(self.big, feats, todo, [None] * len(todo),
+                                 [texts[k] for k in todo], [frames[k] for k in todo],
+                                 [len(texts[k]) for k in todo])
+        if mats:
+            float(torch.stack([m.sum() for _, m in mats]).sum())
 
 
 def capacity_windows(real: WindowEngine, size: str, device: str, dtype: torch.dtype,
