@@ -48,10 +48,18 @@ case "${1:-}" in
     nvidia-cuda-mps-control -d
     cap=()
     [ -n "${5:-}" ] && cap=(--capacity "$5" --capacity-decisions "${6:-transcript}")
+    # the device's memory as the processes use it (each one's share: [recognizer] gpu_processes)
+    nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader,nounits -lms 500 \
+      > /tmp/apps.csv 2>/dev/null & apps=$!
+    nvidia-smi --query-gpu=memory.used,memory.total --format=csv,noheader,nounits -lms 500 \
+      > /tmp/used.csv 2>/dev/null & used=$!
     cd /tmp && python -m subd.cli bench gpu --policy daemon --model "$R/.benchdata/tiny_en" \
       --clips "$R/.benchdata/ps/librivox" "${cap[@]}" --streams "$3" --naive-streams "$4" \
       --duration-s 12 --ramp-s 3 --warm-s 5 --max-rows "${MAX_ROWS:-256}" --gpu-processes 8 \
       --config "$R/.benchdata/$2" --plot "${OUT:-/tmp}/capacity.png" 2>&1 | grep -v "^INFO" | tail -n 60
+    kill $apps $used 2>/dev/null
+    awk -F', ' '{if ($2 > m[$1]) m[$1] = $2} END {n = 0; for (p in m) {n++; printf "%s%d", (n > 1 ? ", " : ""), m[p]}; if (n) printf " MiB: peak of each of %d processes on the GPU\n", n}' /tmp/apps.csv
+    awk -F', ' '{if ($1 > m) m = $1; t = $2} END {if (t) printf "device memory used at peak: %d of %d MiB\n", m, t}' /tmp/used.csv
     echo quit | nvidia-cuda-mps-control
     ;;
   round)
