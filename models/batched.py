@@ -302,11 +302,7 @@ class BatchedEngine:
             retry = []
             for r, res in zip(todo, got, strict=True):
                 results[r] = res
-                silent = (res.no_speech_prob > policy.no_speech_threshold
-                          and res.avg_logprob < policy.logprob_threshold)
-                bad = (res.looped or res.compression_ratio > policy.compression_ratio_threshold
-                       or res.avg_logprob < policy.logprob_threshold)
-                if bad and not silent:
+                if policy.failed(res) and not policy.silent(res):
                     retry.append(r)
             todo = retry
             if not todo:

@@ -316,10 +316,7 @@ class ContinuousDecoder:
             res = self.engine._result(snap["tok"][s, :n_gen].tolist(), float(snap["lp"][s]),
                                       float(snap["nsp"][s]),
                                       pol.temperatures[slot.attempt], bool(snap["looped"][s]))
-            silent = (res.no_speech_prob > pol.no_speech_threshold
-                      and res.avg_logprob < pol.logprob_threshold)
-            bad = (res.looped or res.compression_ratio > pol.compression_ratio_threshold
-                   or res.avg_logprob < pol.logprob_threshold)
+            silent, bad = pol.silent(res), pol.failed(res)
             limit = min(len(pol.temperatures), slot.request.max_attempts or len(pol.temperatures))
             if bad and not silent and slot.attempt + 1 < limit:
                 slot.attempt += 1

@@ -38,6 +38,18 @@ class FallbackPolicy:
     no_speech_threshold: float = 0.6
     max_fallback_tokens: int = 96  # cap a retry's cost: a fallback never decodes the full 448
 
+    def silent(self, result: DecodeResult) -> bool:
+        """Whisper heard no speech: likely silence and an unsure reading (the caller drops it;
+        no point decoding it again)."""
+        return (result.no_speech_prob > self.no_speech_threshold
+                and result.avg_logprob < self.logprob_threshold)
+
+    def failed(self, result: DecodeResult) -> bool:
+        """A reading to decode again at the next temperature: looped, repeating itself
+        (compression ratio) or unsure on average."""
+        return (result.looped or result.compression_ratio > self.compression_ratio_threshold
+                or result.avg_logprob < self.logprob_threshold)
+
 
 DEFAULT_POLICY = FallbackPolicy()
 DEFAULT_OPTIONS = DecodeOptions()
@@ -204,17 +216,7 @@ class WhisperEngine:
                 audio_features, previous_tokens if temperature <= 0.5 else None, opts, prefix,
                 cross_from, language,
             )
-            if (
-                result.no_speech_prob > policy.no_speech_threshold
-                and result.avg_logprob < policy.logprob_threshold
-            ):
-                return result  # silence: the caller drops it; no point re-decoding
-            bad = (
-                result.looped
-                or result.compression_ratio > policy.compression_ratio_threshold
-                or result.avg_logprob < policy.logprob_threshold
-            )
-            if not bad:
+            if policy.silent(result) or not policy.failed(result):
                 return result
             tried.append(result)
         assert result is not None
@@ -223,10 +225,7 @@ class WhisperEngine:
             r.avg_logprob))
 
     def is_silent(self, result: DecodeResult, policy: FallbackPolicy = DEFAULT_POLICY) -> bool:
-        return (
-            result.no_speech_prob > policy.no_speech_threshold
-            and result.avg_logprob < policy.logprob_threshold
-        )
+        return policy.silent(result)
 
     def align(
         self,

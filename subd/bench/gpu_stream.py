@@ -128,8 +128,7 @@ class StreamServer:
         out = []
         for f in self.decoder.iterate():
             r = f.result
-            silent = (r.no_speech_prob > pol.no_speech_threshold
-                      and r.avg_logprob < pol.logprob_threshold)
+            silent = pol.silent(r)
             # a greedy-only row (live decoding is greedy, as subd/recognise/streaming.py
             # decodes) shows nothing if it looped or repeats itself; a low average
             # log-probability alone, which most 1 s windows have, does not hide it
