@@ -38,8 +38,8 @@ def alignment_pass(windows: Any, feats: torch.Tensor, rows: list[int],
     non-empty): one decoder pass with the alignment heads per chunk of ``ALIGN_ROWS`` rows
     (padded with end-of-text after each row's own), the matrices DTW walks and the
     probabilities of the text tokens after each row's ``known`` prefix. Returns, per chunk,
-    ``([(k, first, count)], probabilities)`` where a chunk has tokens to score, and per row
-    ``(k, cost matrix)``, all still on the device."""
+    ``([(k, first, count)], probabilities)`` where a chunk has tokens to score, and each row's
+    DTW cost matrix in row order, all still on the device."""
     sp = windows.tokenizer.special
     heads = windows.single.loaded.alignment_heads
     decoder = windows.batched.model.decoder
@@ -73,7 +73,7 @@ def alignment_pass(windows: Any, feats: torch.Tensor, rows: list[int],
             qk = qk.cpu()
         n_frames = [max(1, min(frames[k] // 2, sub.shape[1])) for k in part]
         mats = alignment_matrices(qk, n_frames, [len(q) for q in seqs], n_sots)
-        dev_c += [(k, -m.double()) for k, m in zip(part, mats, strict=True)]
+        dev_c += [-m.double() for m in mats]
     return dev_p, dev_c
 
 
@@ -96,9 +96,7 @@ def align_rows(windows: Any, feats: torch.Tensor, rows: list[int], jobs: list[An
         for i, first, n in spans:
             probs[todo[i]][first:] = got[at : at + n]
             at += n
-    costs = {todo[i]: got for (i, _), got in zip(dev_c, read_back([t for _, t in dev_c]),
-                                                 strict=True)}
-    paths = dtw_paths([costs[k] for k in todo])
+    paths = dtw_paths(read_back(dev_c))
     language = getattr(windows.single, "language", "en")
     for k, (text_idx, time_idx) in zip(todo, paths, strict=True):
         split = word_splitter(tok, jobs[k].language or language)

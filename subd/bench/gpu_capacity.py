@@ -196,7 +196,7 @@ class CapacityWindows:
                                  [texts[k] for k in todo], [frames[k] for k in todo],
                                  [len(texts[k]) for k in todo])
         if mats:
-            float(torch.stack([m.sum() for _, m in mats]).sum())
+            float(torch.stack([m.sum() for m in mats]).sum())
 
 
 def capacity_windows(real: WindowEngine, size: str, device: str, dtype: torch.dtype,
