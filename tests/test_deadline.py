@@ -174,6 +174,34 @@ def test_a_word_waits_for_right_context_when_its_deadline_allows(voiced):
                                                                                    "man,"]
 
 
+def test_an_unsure_change_at_the_deadline_does_not_outvote_a_sure_agreed_reading(voiced):
+    """Four decodes read "the Netherlands" surely (0.91-0.95); the one at its deadline, 200 ms
+    more audio after it, "nether lens" (0.51 / 0.16), and that was committed. Three decodes
+    or more that agreed on a sure reading outvote an unsure change at the deadline. The change
+    stands where it is sure (the test above: "old-sposed" -> "ill-disposed", 0.9), where the
+    reading it changes was unsure, or where only two decodes had read it ("married him",
+    0.69 / 0.52, then "married a", 0.23, as said)."""
+    agreed = [("the", 0.2, 0.4, 0.98), ("Netherlands", 0.4, 1.0, 0.93), ("by", 1.1, 1.3, 0.5)]
+    unsure = [("the", 0.2, 0.4, 0.98), ("nether", 0.4, 0.75, 0.51), ("lens", 0.75, 1.0, 0.16),
+              ("by", 1.1, 1.3, 0.6)]
+    sure = [("the", 0.2, 0.4, 0.98), ("neither", 0.4, 0.75, 0.8), ("lens", 0.75, 1.0, 0.7),
+            ("by", 1.1, 1.3, 0.6)]
+    unsure_agreed = [(w, a, b, 0.2 if w == "Netherlands" else p) for w, a, b, p in agreed]
+    changed = ["the", "nether", "lens"]
+    for n_before, before, at_deadline, expected in (
+            (3, agreed, unsure, ["the", "Netherlands"]),
+            (3, agreed, sure, ["the", "neither", "lens"]),
+            (3, unsure_agreed, unsure, changed), (2, agreed, unsure, changed)):
+        rec = StreamingRecognizer(engine=_ScriptedEngine(*[before] * n_before, at_deadline),
+                                  confident_min_probability=1.0, agree_context_ms=3000)
+        committed = []
+        for i in range(n_before + 1):
+            _feed(rec, voiced, 1.6 + 0.2 * i)
+            committed += rec.update(commit_until_ns=1050 * MS if i == n_before else 0).committed
+        assert [w.text for w in committed] == expected
+        assert [w.text for w in rec.update(commit_until_ns=1050 * MS).tentative] == ["by"]
+
+
 def test_a_short_deadline_is_still_met_from_the_first_hypothesis(voiced):
     """Short D: every word due is committed by the first decode that heard it out, without a
     second opinion (the deadline wins over agreement). A word ending at the audio end may be
