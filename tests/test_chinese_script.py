@@ -16,9 +16,9 @@ import pytest
 
 from subd.config import config_from_dict
 from subd.errors import ConfigError
-from subd.recognise.commit import after_commit_point
 from subd.recognise.language import LanguageTracker
 from subd.recognise.options import StreamingConfig
+from subd.recognise.readings import after_commit_point
 from subd.script import script_writer
 from subd.types import Word
 

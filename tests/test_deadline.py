@@ -659,7 +659,7 @@ def test_a_looped_phrase_timed_past_the_audio_is_not_speech():
     """Whisper on a cut window can loop the last phrase, every copy at the audio end, or stack
     a copy of no duration before the real words; neither reaches the hypothesis. Real
     repeated words ("five, five") have their own durations and stay."""
-    from subd.recognise.commit import stacked_tail_cut
+    from subd.recognise.readings import stacked_tail_cut
 
     def words(*spec):
         return [Word(t, int(a * 1000) * MS, int(b * 1000) * MS) for t, a, b in spec]
@@ -692,7 +692,7 @@ def test_a_phrase_said_again_is_kept_and_one_restated_is_not():
     (a forced prefix): the speaker saying it again (a chant: on fresh audio as long as the
     first time) stays; Whisper re-stating its context (squeezed against the commit point, or
     overlapping it) goes."""
-    from subd.recognise.commit import after_commit_point
+    from subd.recognise.readings import after_commit_point
 
     said = [_w("we", 7.92, 8.06), _w("will", 8.06, 8.3), _w("not", 8.3, 8.52),
             _w("go", 8.52, 8.78), _w("back,", 8.78, 9.22)]
@@ -718,7 +718,7 @@ def test_a_word_restated_on_a_sliver_of_new_audio_is_not_said_again():
     the committed one: 0.6 of 20 ms passed for "as long as the first time" and the captions read
     "so am I I fellow". A word said again lies on at least 100 ms of new audio; a real repeat
     of a short word ("no, no") does."""
-    from subd.recognise.commit import after_commit_point
+    from subd.recognise.readings import after_commit_point
 
     said = [_w("so", 21.92, 22.24), _w("am", 22.24, 22.36), _w("I", 22.6, 22.62)]
     restated = [_w("I", 22.52, 22.64), _w("fellow", 22.64, 22.9)]
@@ -988,7 +988,7 @@ def test_a_phrase_said_again_after_a_pause_is_kept():
     continue after it, began "The words of" at 3.22 s: 0.48 s of new audio, under 0.6 of the
     0.92 s "the first time" and the captions read "recalled the words. of Shelley's". The
     first time is measured up to its last word's start plus the shorter last word."""
-    from subd.recognise.commit import after_commit_point
+    from subd.recognise.readings import after_commit_point
 
     said = [_w("he", 1.60, 1.86), _w("recalled", 1.86, 2.16), _w("the", 2.16, 2.50),
             _w("words,", 2.50, 3.08)]

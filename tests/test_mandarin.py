@@ -349,7 +349,7 @@ T0_NS = 10**12
 # each character) dev 0.122 (城市 -> 尝试), held-out 0.051 (达 -> 打); held-out is met at D = 4 s
 # (0.026) and with a 6 s cut-span pad at 560 ms an update (0.026; dev then 0.204).
 # 2026-12-05: every decode written in one script (chinese_script, simplified) and a committed
-# word re-stated under other word boundaries dropped (commit._restated_characters): held-out
+# word re-stated under other word boundaries dropped (readings._restated_characters): held-out
 # 0.103 -> 0.026 ("我认为为跑步" and 达摩 -> 打案 -> 打摩: 1 of 39 left), dev 0.122 and espeak-ng
 # 0.590 (offline 0.480) unchanged.
 # 2026-12-05, the cut span with 15 s kept the default (encoder_span = "cut", every update here

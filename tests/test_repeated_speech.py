@@ -5,7 +5,7 @@ again"). `subd transcribe` writes all four. `subd stream` committed three until 
 the fourth copy, decoded right after the third was committed, has the text of the committed
 tail, and the recogniser dropped it as Whisper re-stating its context. A copy said again
 starts after the commit point and lies on audio about as long as the first time, and is now
-kept (subd.recognise.commit._said_again); a short word DTW gave no duration ("no, we") is
+kept (subd.recognise.readings._said_again); a short word DTW gave no duration ("no, we") is
 no longer taken for a looped copy either.
 """
 

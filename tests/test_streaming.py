@@ -275,7 +275,7 @@ def test_a_mark_alone_is_no_word_and_the_first_word_is_kept(int8_engine, speech_
 
 def test_a_decodes_marks_close_the_word_before_them_and_symbols_stay_words():
     from subd.models.alignment import WordTiming
-    from subd.recognise.commit import hypothesis_words
+    from subd.recognise.readings import hypothesis_words
 
     def timed(*texts):
         return [WordTiming(t, (), 0.3 * i, 0.3 * i + 0.25, 0.9) for i, t in enumerate(texts)]

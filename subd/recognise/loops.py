@@ -8,7 +8,7 @@ the 100-character espeak-ng text on the full input committed 28 looped copies of
 0.76 against 0.62 on the cut input). The decoder's loop guard (models.decoding.tail_loop) stops
 a loop only once it covers 20 tokens, and keeps the copies; the budget cut removes repeats of 4
 tokens and more only. English loops repeat phrases and are left to those guards and to
-commit.stacked_tail_cut, except a decode that copies its forced prefix (``restates_prefix``).
+readings.stacked_tail_cut, except a decode that copies its forced prefix (``restates_prefix``).
 
 A run of one CJK unit ``MIN_REPEATS_ONE`` times or more in a row, or of a CJK n-gram of up to
 ``MAX_PERIOD`` units ``MIN_REPEATS`` times or more, is a loop: the first copy stays (it may be

@@ -38,17 +38,16 @@ from subd.models.engine import (
     live_threads,
 )
 from subd.models.words import prompt_of
-from subd.recognise.commit import (
-    after_commit_point,
-    decide,
-    hypothesis_words,
-    restated_tail_dropped,
-    stacked_tail_cut,
-    unread_from,
-)
+from subd.recognise.commit import decide, unread_from
 from subd.recognise.language import LanguageTracker
 from subd.recognise.loops import cut_loop, transcribe_unlooped
 from subd.recognise.options import StreamingConfig
+from subd.recognise.readings import (
+    after_commit_point,
+    hypothesis_words,
+    restated_tail_dropped,
+    stacked_tail_cut,
+)
 from subd.recognise.settle import has_speech, heard, settled_end, speech_onset, utterance_end
 from subd.recognise.vad import VoiceActivityDetector
 from subd.types import (
