@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -290,21 +290,12 @@ class BatchedEngine:
         results: list[DecodeResult | None] = [None] * feats.shape[0]
         todo = list(range(feats.shape[0]))
         for i, temperature in enumerate(policy.temperatures):
-            opts = replace(options, temperature=temperature)
-            if i > 0:
-                opts = replace(opts, max_new_tokens=min(opts.max_new_tokens,
-                                                        policy.max_fallback_tokens))
             prev = [previous[r] if temperature <= 0.5 else None for r in todo]
             with self._on("decode", after="encode"):  # feats come from the encode stream
                 rows = feats if len(todo) == feats.shape[0] else feats.index_select(
                     0, torch.tensor(todo, device=feats.device))
-            got = self.decode(rows, prev, opts)
-            retry = []
-            for r, res in zip(todo, got, strict=True):
-                results[r] = res
-                if policy.failed(res) and not policy.silent(res):
-                    retry.append(r)
-            todo = retry
+            todo = policy.to_retry(todo, self.decode(rows, prev, policy.attempt(options, i)),
+                                   results)
             if not todo:
                 break
         return [r for r in results if r is not None]

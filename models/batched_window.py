@@ -208,22 +208,13 @@ class WindowEngine:
         for i, temperature in enumerate(policy.temperatures):
             rows, opts = [], []
             for r in todo:
-                o = replace(jobs[r].options, temperature=temperature)
-                if i > 0:
-                    o = replace(o, max_new_tokens=min(o.max_new_tokens,
-                                                      policy.max_fallback_tokens))
+                o = policy.attempt(jobs[r].options, i)
                 opts.append(o)
                 previous = jobs[r].previous if temperature <= 0.5 else None
                 rows.append(self._row(previous, prefixes[r], o.max_new_tokens,
                                       jobs[r].language, o.continue_prefix))
             sub = feats if len(todo) == len(jobs) else self.take_rows(feats, todo)
-            got = self._decode(sub, rows, opts[0])
-            retry = []
-            for r, res in zip(todo, got, strict=True):
-                results[r] = res
-                if policy.failed(res) and not policy.silent(res):
-                    retry.append(r)
-            todo = retry
+            todo = policy.to_retry(todo, self._decode(sub, rows, opts[0]), results)
             if not todo:
                 break
         return results  # type: ignore[return-value]

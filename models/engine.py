@@ -50,6 +50,24 @@ class FallbackPolicy:
         return (result.looped or result.compression_ratio > self.compression_ratio_threshold
                 or result.avg_logprob < self.logprob_threshold)
 
+    def attempt(self, options: DecodeOptions, i: int) -> DecodeOptions:
+        """``options`` for attempt ``i``: its temperature, and a retry's tokens capped."""
+        opts = replace(options, temperature=self.temperatures[i])
+        if i == 0:
+            return opts
+        return replace(opts, max_new_tokens=min(opts.max_new_tokens, self.max_fallback_tokens))
+
+    def to_retry(self, rows: list[int], got: list[DecodeResult],
+                 results: list[DecodeResult | None]) -> list[int]:
+        """Batched fallback: each row's reading into ``results``; the rows whose reading
+        failed, and was no silence, go again at the next temperature."""
+        retry = []
+        for r, res in zip(rows, got, strict=True):
+            results[r] = res
+            if self.failed(res) and not self.silent(res):
+                retry.append(r)
+        return retry
+
 
 DEFAULT_POLICY = FallbackPolicy()
 DEFAULT_OPTIONS = DecodeOptions()

@@ -63,3 +63,21 @@ def test_rows_with_different_prompts_decode_like_single_streams(engine, batched,
     got = batched.transcribe(rows, prompts, options=OPTIONS)
     for audio, prompt, result in zip(rows, prompts, got, strict=True):
         assert result.tokens == _reference(engine, audio, prompt).tokens
+
+
+def test_a_failed_row_is_decoded_again_at_the_next_temperature_with_capped_tokens(batched,
+                                                                                  clips):
+    """The batched fallback: a row whose reading fails (here every reading: the average
+    log-probability must reach +1) goes again at the next temperature, a retry's tokens capped
+    at ``max_fallback_tokens``; a row that passes is not decoded again."""
+    from subd.models.engine import FallbackPolicy
+
+    strict = FallbackPolicy(temperatures=(0.0, 0.5), logprob_threshold=1.0,
+                            no_speech_threshold=1.0, max_fallback_tokens=6)
+    got = batched.transcribe(clips[:2], policy=strict, options=OPTIONS)
+    assert [r.temperature for r in got] == [0.5, 0.5]
+    assert all(len(r.tokens) <= 6 for r in got)
+    lenient = FallbackPolicy(temperatures=(0.0, 0.5), logprob_threshold=-100.0)
+    got = batched.transcribe(clips[:2], policy=lenient, options=OPTIONS)
+    assert [r.temperature for r in got] == [0.0, 0.0]
+    assert all(len(r.tokens) > 6 for r in got)
