@@ -195,9 +195,7 @@ class ContinuousDecoder:
             t = self.policy.temperatures[slot.attempt]
             prev = slot.request.previous if t <= 0.5 else None
             prompt, sot = eng.build_prompt(list(prev) if prev else None)
-            cap = self.options.max_new_tokens
-            if slot.attempt > 0:
-                cap = min(cap, self.policy.max_fallback_tokens)
+            cap = self.policy.attempt(self.options, slot.attempt).max_new_tokens
             if slot.request.max_new_tokens is not None:
                 cap = min(cap, slot.request.max_new_tokens)
             slot.plen = len(prompt)

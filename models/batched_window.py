@@ -164,7 +164,7 @@ class WindowEngine:
         eng._join("encode")
         eng._join("decode")
         speech = [b for b, (job, res) in enumerate(zip(jobs, results, strict=True))
-                  if b not in errors and not self.single.is_silent(res, job.policy)]
+                  if b not in errors and not job.policy.silent(res)]
         words = self._align(feats, speech, [jobs[b] for b in speech],
                             [results[b].text_tokens(ts) for b in speech],
                             [frames[b] for b in speech],

@@ -242,9 +242,6 @@ class WhisperEngine:
             not r.looped and r.compression_ratio <= policy.compression_ratio_threshold,
             r.avg_logprob))
 
-    def is_silent(self, result: DecodeResult, policy: FallbackPolicy = DEFAULT_POLICY) -> bool:
-        return policy.silent(result)
-
     def align(
         self,
         audio_features: torch.Tensor,
@@ -306,7 +303,7 @@ class WhisperEngine:
                 feats, previous_tokens, policy, options, cross_from=cross, language=language
             )
             prefix, n_prefix = (), 0
-        if self.is_silent(result, policy):
+        if policy.silent(result):
             return WindowResult(result, (), False, bool(prefix))
         text = result.text_tokens(ts)
         words = within_segments(self.align(feats, text, n_frames, n_prefix, cross, language),

@@ -87,7 +87,7 @@ class NaiveServer:
                 feats = eng.model.encoder(pad_or_trim_frames(mel, self.n_frames)[None].to(
                     self.device))
             r = eng.decode_with_fallback(feats, prompt, _policy(), _options())
-            texts.append("" if eng.is_silent(r, _policy()) else eng.tokenizer.decode(
+            texts.append("" if _policy().silent(r) else eng.tokenizer.decode(
                 r.text_tokens(ts)).strip())
             tokens.append(list(r.text_tokens(ts)))
         return texts, tokens

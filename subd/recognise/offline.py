@@ -15,7 +15,7 @@ import numpy as np
 
 from subd.kernels.mel import HOP_SAMPLES
 from subd.models.decoding import detect_language
-from subd.models.engine import WINDOW_SAMPLES, WhisperEngine
+from subd.models.engine import DEFAULT_POLICY, WINDOW_SAMPLES, WhisperEngine
 from subd.models.tokenizer import TIME_PRECISION_S
 from subd.recognise.vad import VoiceActivityDetector
 from subd.script import DEFAULT_CHINESE_SCRIPT, script_writer
@@ -146,7 +146,7 @@ class Transcriber:
             feats, prompt if self.options.condition_on_previous_text else None,
             language=self.language,
         )
-        if eng.is_silent(result) or not result.tokens:
+        if DEFAULT_POLICY.silent(result) or not result.tokens:
             return n, [], prompt
         pieces, seek_frames = _split_segments(list(result.tokens), ts_begin)
         if seek_frames is None and regions:
