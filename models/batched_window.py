@@ -202,7 +202,26 @@ class WindowEngine:
     # ---- decoding --------------------------------------------------------------------------
     def _with_fallback(self, feats: torch.Tensor, jobs: list[WindowJob],
                        prefixes: list[tuple[int, ...]]) -> list[DecodeResult]:
-        policy = jobs[0].policy
+        """Each job decoded under its own fallback policy: jobs whose policy and shared
+        options (temperature, suppression rules, loop limits) agree decode as one batch, each
+        row with its own token budget and prefix. A stalled channel's fallback, or another
+        language's, must not change its neighbours' greedy readings (the CPU path's)."""
+        results: list[DecodeResult | None] = [None] * len(jobs)
+        groups: dict[tuple, list[int]] = {}
+        for r, job in enumerate(jobs):
+            shared = replace(job.options, max_new_tokens=0, continue_prefix=False)
+            groups.setdefault((job.policy, shared), []).append(r)
+        for (policy, _), idx in groups.items():
+            sub = feats if len(idx) == len(jobs) else self.take_rows(feats, idx)
+            got = self._fallback_group(sub, [jobs[r] for r in idx], [prefixes[r] for r in idx],
+                                       policy)
+            for r, res in zip(idx, got, strict=True):
+                results[r] = res
+        return results  # type: ignore[return-value]
+
+    def _fallback_group(self, feats: torch.Tensor, jobs: list[WindowJob],
+                        prefixes: list[tuple[int, ...]], policy: FallbackPolicy
+                        ) -> list[DecodeResult]:
         results: list[DecodeResult | None] = [None] * len(jobs)
         todo = list(range(len(jobs)))
         for i, temperature in enumerate(policy.temperatures):
@@ -214,6 +233,8 @@ class WindowEngine:
                 rows.append(self._row(previous, prefixes[r], o.max_new_tokens,
                                       jobs[r].language, o.continue_prefix))
             sub = feats if len(todo) == len(jobs) else self.take_rows(feats, todo)
+            # opts[0]: every row's temperature and rules are the group's (per-row budget and
+            # prefix continuation travel in ``rows``)
             todo = policy.to_retry(todo, self._decode(sub, rows, opts[0]), results)
             if not todo:
                 break

@@ -61,6 +61,27 @@ def test_windows_with_prompt_and_forced_prefix_equal_the_single_stream_engine(
     assert windows.n_decode_calls >= 1
 
 
+def test_each_window_falls_back_under_its_own_policy(engine, windows, clips):
+    """A channel decoding with temperature fallback (a stalled one; here a policy whose every
+    reading fails) shares a batch with greedy channels: it goes again at the next temperature,
+    and they keep the single-stream engine's greedy reading, whichever comes first."""
+    failing = FallbackPolicy(temperatures=(0.0, 0.5), logprob_threshold=1.0,
+                             no_speech_threshold=1.0)
+    options = dataclasses.replace(DEFAULT_OPTIONS, max_new_tokens=60)
+    audio = [c[: 4 * 16_000] for c in clips[:2]]
+    for policies in ((failing, GREEDY), (GREEDY, failing)):
+        jobs = [WindowJob(a, None, p, options, (), None, SPAN)
+                for a, p in zip(audio, policies, strict=True)]
+        got = windows.transcribe(jobs)
+        for job, res in zip(jobs, got, strict=True):
+            if job.policy is failing:
+                assert res.decode.temperature == 0.5
+            else:
+                ref = engine.transcribe_window(job.audio, None, GREEDY, options, span=SPAN)
+                assert res.decode.temperature == 0.0
+                assert res.decode.tokens == ref.decode.tokens
+
+
 def test_streaming_policy_batched_gives_every_channel_the_serial_captions(
         engine, windows, clips):
     opts = dict(min_update_ms=400, encoder_pad_ms=2000)
