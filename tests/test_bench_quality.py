@@ -128,7 +128,7 @@ def test_a_modelled_run_gives_every_recogniser_call_its_modelled_cost():
     """--update-ms: an update lasts its span's modelled cost, and the end of a stream (a full
     input decode) the full input's, never its CPU time: at its CPU time, when a stream's last
     words came in moved with the machine's load, and a held-out stream's last mark with it."""
-    from subd.bench.cputimed import CpuTimed
+    from subd.bench.cputimed import NO_DECODE_NS, CpuTimed
     from subd.workers.hosts import FinishRequest, UpdateRequest
 
     timed = CpuTimed(host=None, update_ns=(450_000_000, 140_000_000))
@@ -137,9 +137,10 @@ def test_a_modelled_run_gives_every_recogniser_call_its_modelled_cost():
     assert timed.cost_ns(FinishRequest(7000), 123) == 450_000_000
     assert CpuTimed(host=None).cost_ns(FinishRequest(0), 123) == 123  # measured: its CPU time
     # an update without new audio decodes nothing (the words due before a stream's last
-    # decode, taken from the last reading): its CPU time, on each channel apart
+    # decode, taken from the last reading): a fixed small cost, on each channel apart
     assert timed.cost_ns(UpdateRequest(8000, 0), 123) == 140_000_000
-    assert timed.cost_ns(UpdateRequest(8000, 0), 123) == 123
+    assert timed.cost_ns(UpdateRequest(8000, 0), 123) == NO_DECODE_NS
+    assert timed.cost_ns(UpdateRequest(8000, 0), 987_654_321) == NO_DECODE_NS
     assert timed.cost_ns(UpdateRequest(8000, 0), 123, channel="b") == 140_000_000
 
 

@@ -8,11 +8,17 @@ import time
 
 from subd.types import UpdateCosts
 
+# --update-ms: an update without new audio decodes nothing (it hands out the due words of the
+# last reading); it lasts this long, not its CPU time, which moved with the machine's load and
+# with it the start of the next update (a re-run of the same command read a word differently)
+NO_DECODE_NS = 1_000_000
+
 
 class CpuTimed:
     """A stage host whose calls last, on the fake clock, their CPU time; with ``update_ns`` an
     update lasts its span's cost (full input, cut span) and a stream's end the full input's (at
-    its CPU time load moved a stream's last words); ``fixed_ns``: every call (bench serial's)."""
+    its CPU time load moved a stream's last words), an update without new audio
+    ``NO_DECODE_NS``; ``fixed_ns``: every call (bench serial's)."""
 
     def __init__(self, host, update_ns: tuple[int, int] | None = None,
                  fixed_ns: int | None = None) -> None:
@@ -51,6 +57,6 @@ class CpuTimed:
             last = self._ends.get(channel, -1)
             self._ends[channel] = request.end_sample
             if isinstance(request, UpdateRequest) and request.end_sample <= last:
-                return cpu_ns  # no new audio, no decode (the due words before a stream's end)
+                return NO_DECODE_NS  # no new audio, no decode (the due words before the end)
             return self.update_ns[0 if getattr(request, "full_span", True) else 1]
         return cpu_ns if self.fixed_ns is None else self.fixed_ns
