@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -728,6 +729,32 @@ def test_a_word_restated_on_a_sliver_of_new_audio_is_not_said_again():
     again = [_w("no,", 1.45, 1.75), _w("we", 1.8, 2.0)]
     kept = after_commit_point(again, no, no[-1].end_ns, forced=True, deadline=True)
     assert [w.text for w in kept] == ["no,", "we"]
+
+
+def test_a_false_start_after_the_forced_prefix_is_not_committed():
+    """Forced to continue "and fields" (committed to 15.14 s), a decode of LibriVox 3436 at
+    D = 1 s began "beside" on 40 ms of new audio, "Field," (0.24) on 100 ms, then began again:
+    "beside" on its own 340 ms, "Westminster." Both false-start words were due and committed
+    ("fields beside Field, beside Westminster"). A word said twice by the speaker lies on audio
+    of its own the first time, and stays."""
+    from subd.recognise.readings import after_commit_point
+
+    said = [_w("and", 14.6, 14.78), _w("fields", 14.78, 15.14)]
+    decoded = [Word("beside", 15_080 * MS, 15_180 * MS, 0.69),
+               Word("Field,", 15_180 * MS, 15_280 * MS, 0.24),
+               Word("beside", 15_280 * MS, 15_620 * MS, 0.78),
+               Word("Westminster.", 15_620 * MS, 15_980 * MS, 0.69)]
+    kept = after_commit_point(decoded, said, said[-1].end_ns, forced=True, deadline=True)
+    assert [w.text for w in kept] == ["beside", "Westminster."]
+    assert kept[0].start_ns == 15_280 * MS
+    # the same words, the first "beside" said on 300 ms of its own: a speaker's repeat
+    repeat = [Word("beside", 15_140 * MS, 15_440 * MS, 0.69), *decoded[1:]]
+    kept = after_commit_point(repeat, said, said[-1].end_ns, forced=True, deadline=True)
+    assert [w.text for w in kept] == ["beside", "Field,", "beside", "Westminster."]
+    # a sure word between the two is speech: nothing is cut
+    sure = [decoded[0], replace(decoded[1], probability=0.9), *decoded[2:]]
+    kept = after_commit_point(sure, said, said[-1].end_ns, forced=True, deadline=True)
+    assert len(kept) == 4
 
 
 def test_a_word_of_no_duration_at_the_commit_point_is_committed(voiced):
