@@ -86,10 +86,10 @@ def restart_cut(words: list[Word], committed_end_ns: int) -> list[Word]:
     fields": "beside" on 40 ms, "Field," (0.24) on 100 ms, then "beside" on its own 340 ms and
     "Westminster": the first two were committed ("fields beside Field, beside Westminster").
     A first word on less than ``SAID_AGAIN_WORD_MS`` of audio after the commit point
-    (``committed_end_ns``) that comes again within the next
-    ``RESTART_WORDS`` words, every word between also that short or unsure (under
-    ``RESTART_UNSURE``), was not said: the reading starts at its second copy. A speaker who
-    says a word twice says the first one on audio of its own."""
+    (``committed_end_ns``) that comes again within the next ``RESTART_WORDS`` words, every
+    word between also that short or unsure (under ``RESTART_UNSURE``), was not said: the
+    reading starts at its second copy. A speaker who says a word twice says the first one on
+    audio of its own."""
     def short(w: Word) -> bool:
         return w.end_ns - max(w.start_ns, committed_end_ns) < SAID_AGAIN_WORD_MS * NS_PER_MS
 
