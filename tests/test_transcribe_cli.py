@@ -174,6 +174,25 @@ def test_srt_and_vtt_outputs_parse(tmp_path, clip):
     assert starts == sorted(starts)
     captions = webvtt.read(str(vtt))
     assert "Dashwood" in " ".join(c.text for c in captions)
+    # the mode a plain write gives (0666 less the umask, which the child inherits), not
+    # the temporary file's 0600: a web server or another user reads the captions
+    umask = os.umask(0)
+    os.umask(umask)
+    assert srt.stat().st_mode & 0o777 == 0o666 & ~umask
+    # written again, the file keeps the mode it had
+    srt.chmod(0o640)
+    assert run_cli("transcribe", str(clip[0].path), "-o", str(srt))[0] == 0
+    assert srt.stat().st_mode & 0o777 == 0o640
+
+
+def test_an_output_that_cannot_be_written_is_one_line_before_the_work(tmp_path, clip):
+    """Checked before any audio is read: not an internal error after the whole file."""
+    (tmp_path / "notes").write_text("a file, not a folder\n")
+    code, err, _ = run_cli("transcribe", str(clip[0].path), "-o",
+                           str(tmp_path / "notes" / "o.srt"))
+    assert_one_line_error(code, err, "not a folder")
+    code, err, _ = run_cli("transcribe", str(clip[0].path), "-o", "/proc/subd-test/o.srt")
+    assert_one_line_error(code, err, "cannot write")
 
 
 def _write_wav(path: Path, samples: np.ndarray, rate: int) -> None:

@@ -155,9 +155,19 @@ def render(words: list[Word], suffix: str) -> str:
 
 
 def _write_atomic(path: Path, text: str) -> None:
+    """``text`` into ``path`` whole or not at all (a reader never sees half a file), with the
+    mode a plain write gives: the old file's, else 0666 less the umask (mkstemp's 0600 kept
+    a web server or another user from reading the captions)."""
     path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        mode = path.stat().st_mode & 0o7777
+    except FileNotFoundError:
+        umask = os.umask(0)
+        os.umask(umask)
+        mode = 0o666 & ~umask
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
+        os.fchmod(fd, mode)
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
             f.flush()
@@ -166,6 +176,20 @@ def _write_atomic(path: Path, text: str) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def _check_writable(path: Path) -> None:
+    """One line and exit 2 before any audio is read where ``path`` cannot be written (its
+    folder cannot be made, or is not writable): not an internal error after the work."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+        os.close(fd)
+        os.unlink(tmp)
+    except FileExistsError:  # mkdir: the folder's name is a file's
+        raise UserError(f"{path}: cannot write ({path.parent} is not a folder)") from None
+    except OSError as exc:
+        raise UserError(f"{path}: cannot write ({exc.strerror or type(exc).__name__})") from None
 
 
 def place_or_exit(device: str, precision: str):
@@ -202,6 +226,7 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"{out}: output must end in .srt, .vtt or .json")
     if out.exists() and out.is_dir():
         raise UserError(f"{out}: is a directory")
+    _check_writable(out)
     placement = place_or_exit(args.device, args.precision)  # before any audio is read
     language, model = language_and_model(args.language, args.model)
     if args.input == "-":
@@ -232,5 +257,8 @@ def run(args: argparse.Namespace) -> int:
     for segment in transcriber.transcribe_blocks(blocks, on_progress):
         words.extend(segment.words)
     progress(n_done, final=True)
-    _write_atomic(out, render(words, out.suffix.lower()))
+    try:
+        _write_atomic(out, render(words, out.suffix.lower()))
+    except OSError as exc:  # the disk filled, or the folder went, during the work
+        raise UserError(f"{out}: cannot write ({exc.strerror or type(exc).__name__})") from None
     return 0
