@@ -170,6 +170,29 @@ def test_edge_fanout_priority_is_checked():
     assert out.stderr.strip() == "subd: error: [edge] fanout_priority = 10: must be in 0..9"
 
 
+def test_an_edge_whose_bus_is_away_says_so_until_it_answers(tmp_path):
+    """An edge started before its Redis (or cut off from it) logs a warning and its /healthz
+    says degraded (503, bus_up false), so that a load balancer sends viewers elsewhere; with
+    no channel followed yet it said ok. Once Redis answers, it is healthy."""
+    redis = RedisProc(tmp_path)  # its port, not yet listening
+    edge = start_edge(tmp_path, "edge", redis.url)
+    try:
+        wait_for(lambda: "unreachable" in edge.log_text(), 60, "the edge's warning",
+                 edge.proc, edge.log)
+        status, health = healthz(edge.port)
+        assert status == 503 and health["status"] == "degraded", health
+        assert health["bus_up"] is False and health["bus_error"], health
+        redis.start()
+        try:
+            wait_for(lambda: healthz(edge.port)[0] == 200, 30, "the edge healthy", edge.proc,
+                     edge.log)
+            assert healthz(edge.port)[1]["bus_up"] is True
+        finally:
+            redis.stop()
+    finally:
+        edge.stop()
+
+
 def test_last_event_id_replay_across_an_edge_restart(cluster):
     redis, _, edges, tmp = cluster
     witness = SSEClient(edges[1].port)  # stays connected to the other edge

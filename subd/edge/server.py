@@ -28,6 +28,7 @@ from subd.tasks import cancel_and_wait, start_task
 
 log = logging.getLogger("subd.edge")
 PRIME_WAIT_S = 5.0
+BUS_PING_S = 1.0  # /healthz and the start-up check: a bus that does not answer a PING by then
 EDGE_KEY = web.AppKey("subd_edge", object)
 
 
@@ -81,6 +82,19 @@ class Edge:
         self.port = server.sockets[0].getsockname()[1] if server else cfg.port
         log.info("edge: serving http://%s:%d/c/NAME/events from %s", cfg.host, self.port,
                  cfg.bus_url)
+        if (down := await self._bus_down()) is not None:
+            log.warning("edge: bus %s unreachable (%s): viewers get 503 and /healthz says "
+                        "degraded until it answers", cfg.bus_url, down)
+
+    async def _bus_down(self) -> str | None:
+        """Why the bus does not answer a PING within ``BUS_PING_S``; None when it does."""
+        try:
+            await asyncio.wait_for(self.redis.ping(), BUS_PING_S)
+        except TimeoutError:
+            return f"no answer in {BUS_PING_S:g} s"
+        except (RedisError, OSError) as exc:
+            return str(exc).rstrip(".") or type(exc).__name__
+        return None
 
     async def close(self) -> None:
         await self._stack.aclose()
@@ -150,6 +164,12 @@ class Edge:
                            # process, then each fan-out worker
                            "fanout": f.sink.fanout_shares}
                     for name, f in self.followers.items()}
-        up = all(f.up for f in self.followers.values())
-        return web.json_response({"status": "ok" if up else "degraded", "channels": channels},
-                                 status=200 if up else 503)
+        # the bus itself, too: an edge with no channel followed yet whose Redis is away would
+        # say ok, and a load balancer would send it viewers it can only answer 503
+        down = await self._bus_down()
+        up = down is None and all(f.up for f in self.followers.values())
+        body: dict[str, Any] = {"status": "ok" if up else "degraded", "bus_up": down is None,
+                                "channels": channels}
+        if down is not None:
+            body["bus_error"] = down
+        return web.json_response(body, status=200 if up else 503)
