@@ -54,6 +54,16 @@ def test_bad_arguments_exit_2(argv: list[str], capsys: pytest.CaptureFixture[str
     assert err and err[-1].startswith(("subd: error:", "usage:", "subd train-punct: error"))
 
 
+def test_an_out_folder_that_cannot_be_written_is_refused_before_training(
+        tmp_path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Checked before ~14 min of training, not when the weights are written."""
+    (tmp_path / "notes").write_text("a file\n")
+    assert main(["train-punct", "--out", str(tmp_path / "notes" / "model")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(
+        f"subd: error: --out {tmp_path / 'notes' / 'model'}: cannot write ("), err
+
+
 def test_simulated_recogniser_closes_its_decode_with_a_full_stop() -> None:
     import random
 

@@ -4,3 +4,23 @@ register(subparsers).
 May import: any folder except ``subd.bench`` and ``subd.testing``, and the top-level modules;
 only ``subd.cli`` imports them. Heavy imports (torch) stay inside the command that needs them.
 """
+
+
+def check_writable_folder(folder, what: str) -> None:
+    """One line and exit 2 before the work where files cannot be written into ``folder`` (it
+    cannot be made, or is not writable): not an internal error after it. ``what`` names the
+    output in the message (the file, or the option)."""
+    import os
+    import tempfile
+
+    from subd.errors import UserError
+
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=".subd-check.", dir=folder)
+        os.close(fd)
+        os.unlink(tmp)
+    except FileExistsError:  # mkdir: the folder's name is a file's
+        raise UserError(f"{what}: cannot write ({folder} is not a folder)") from None
+    except OSError as exc:
+        raise UserError(f"{what}: cannot write ({exc.strerror or type(exc).__name__})") from None

@@ -6,6 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from subd.commands import check_writable_folder
 from subd.errors import UserError
 
 
@@ -44,6 +45,7 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"--steps-per-epoch must be 1..100000, got {steps}")
     if args.out.exists() and not args.out.is_dir():
         raise UserError(f"--out {args.out} exists and is not a directory")
+    check_writable_folder(args.out, f"--out {args.out}")  # before ~14 min of training
     from subd.models.punct.corpus import SOURCES
 
     sources = tuple(defaults.sources)

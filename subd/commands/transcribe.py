@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pysrt
 
+from subd.commands import check_writable_folder
 from subd.errors import UserError
 from subd.layout.rules import ABBREVIATIONS
 from subd.script import CHINESE_SCRIPTS, DEFAULT_CHINESE_SCRIPT
@@ -178,20 +179,6 @@ def _write_atomic(path: Path, text: str) -> None:
         raise
 
 
-def _check_writable(path: Path) -> None:
-    """One line and exit 2 before any audio is read where ``path`` cannot be written (its
-    folder cannot be made, or is not writable): not an internal error after the work."""
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-        os.close(fd)
-        os.unlink(tmp)
-    except FileExistsError:  # mkdir: the folder's name is a file's
-        raise UserError(f"{path}: cannot write ({path.parent} is not a folder)") from None
-    except OSError as exc:
-        raise UserError(f"{path}: cannot write ({exc.strerror or type(exc).__name__})") from None
-
-
 def place_or_exit(device: str, precision: str):
     """--device/--precision -> a placement; CUDA asked for and absent: one line, exit 2."""
     from subd.gpu.device import place
@@ -226,7 +213,7 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"{out}: output must end in .srt, .vtt or .json")
     if out.exists() and out.is_dir():
         raise UserError(f"{out}: is a directory")
-    _check_writable(out)
+    check_writable_folder(out.parent, str(out))
     placement = place_or_exit(args.device, args.precision)  # before any audio is read
     language, model = language_and_model(args.language, args.model)
     if args.input == "-":
