@@ -82,6 +82,9 @@ def test_stream_rejects_a_non_audio_file(tmp_path, capsys):
     (["--speed", "-1"], "speed"),
     (["--latency-ms", "5"], "--latency-ms"),
     (["--jitter-ms", "-3"], "--jitter-ms"),
+    # a folder that exists but takes no file (the cues were lost, logged, at the stream's end)
+    (["--srt", "/proc/subd-live.srt"], "--srt /proc/subd-live.srt: cannot write"),
+    (["--events", "/proc/subd-events.jsonl"], "--events /proc/subd-events.jsonl: cannot write"),
 ])
 def test_stream_rejects_bad_options_in_one_line(silent_wav, capsys, argv, needle):
     assert main(["stream", str(silent_wav), *argv]) == 2

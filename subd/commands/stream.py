@@ -9,6 +9,7 @@ import json
 import sys
 from pathlib import Path
 
+from subd.commands import check_writable_folder
 from subd.config import Config, load_config
 from subd.errors import UserError
 from subd.pipeline.ticks import parse_fps, parse_rate
@@ -115,6 +116,7 @@ def run(args: argparse.Namespace) -> int:
         out = Path(args.srt)
         if not out.parent.is_dir():
             raise UserError(f"--srt {out}: directory {out.parent} does not exist")
+        check_writable_folder(out.parent, f"--srt {out}")
         sinks.append(build_sink("srt", {"directory": str(out.parent.resolve()),
                                         "filename": out.name}))
     serve = None
@@ -125,6 +127,7 @@ def run(args: argparse.Namespace) -> int:
         out = Path(args.events)
         if not out.parent.is_dir():
             raise UserError(f"--events {out}: directory {out.parent} does not exist")
+        check_writable_folder(out.parent, f"--events {out}")
     daemon = Daemon(cfg, source, sinks=sinks, events_path=args.events, serve=serve)
 
     async def main() -> int:
