@@ -5,16 +5,19 @@ May import: any folder except ``subd.bench`` and ``subd.testing``, and the top-l
 only ``subd.cli`` imports them. Heavy imports (torch) stay inside the command that needs them.
 """
 
+from __future__ import annotations
 
-def check_writable_folder(folder, what: str) -> None:
+import os
+import tempfile
+from pathlib import Path
+
+from subd.errors import UserError
+
+
+def check_writable_folder(folder: Path, what: str) -> None:
     """One line and exit 2 before the work where files cannot be written into ``folder`` (it
     cannot be made, or is not writable): not an internal error after it. ``what`` names the
     output in the message (the file, or the option)."""
-    import os
-    import tempfile
-
-    from subd.errors import UserError
-
     try:
         folder.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=".subd-check.", dir=folder)
