@@ -26,4 +26,9 @@ def check_writable_folder(folder: Path, what: str) -> None:
     except FileExistsError:  # mkdir: the folder's name is a file's
         raise UserError(f"{what}: cannot write ({folder} is not a folder)") from None
     except OSError as exc:
-        raise UserError(f"{what}: cannot write ({exc.strerror or type(exc).__name__})") from None
+        raise cannot_write(what, exc) from None
+
+
+def cannot_write(what: str, exc: OSError) -> UserError:
+    """The one-line error for an output ``what`` that ``exc`` kept from being written."""
+    return UserError(f"{what}: cannot write ({exc.strerror or type(exc).__name__})")

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pysrt
 
-from subd.commands import check_writable_folder
+from subd.commands import cannot_write, check_writable_folder
 from subd.errors import UserError
 from subd.layout.rules import ABBREVIATIONS
 from subd.script import CHINESE_SCRIPTS, DEFAULT_CHINESE_SCRIPT
@@ -247,5 +247,5 @@ def run(args: argparse.Namespace) -> int:
     try:
         _write_atomic(out, render(words, out.suffix.lower()))
     except OSError as exc:  # the disk filled, or the folder went, during the work
-        raise UserError(f"{out}: cannot write ({exc.strerror or type(exc).__name__})") from None
+        raise cannot_write(str(out), exc) from None
     return 0

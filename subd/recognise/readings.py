@@ -93,13 +93,12 @@ def restart_cut(words: list[Word], committed_end_ns: int) -> list[Word]:
     def short(w: Word) -> bool:
         return w.end_ns - max(w.start_ns, committed_end_ns) < SAID_AGAIN_WORD_MS * NS_PER_MS
 
-    if not words or not short(words[0]):
+    first = norm_word(words[0].text) if words else ""
+    if not first or not short(words[0]):
         return words
-    first = norm_word(words[0].text)
     for j in range(1, min(len(words), RESTART_WORDS + 1)):
         if norm_word(words[j].text) == first:
-            between = words[1:j]
-            if first and all(short(w) or w.probability < RESTART_UNSURE for w in between):
+            if all(short(w) or w.probability < RESTART_UNSURE for w in words[1:j]):
                 return words[j:]
             break
     return words
