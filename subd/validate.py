@@ -1,15 +1,20 @@
 """Building frozen config dataclasses from TOML tables, with one-line ConfigErrors: the core
 sections' rules (:func:`build_section`, fields carrying :func:`rng` and :func:`choice` in their
-metadata) and the sinks' and stages' own checks (:func:`check_range`, :func:`from_mapping`)."""
+metadata) and the sinks' and stages' own checks (:func:`check_range`, :func:`from_mapping`);
+and the check, before any work, that an output folder takes files
+(:func:`check_writable_folder`)."""
 
 from __future__ import annotations
 
 import dataclasses
+import os
+import tempfile
 import typing
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any, TypeVar
 
-from subd.errors import ConfigError
+from subd.errors import ConfigError, UserError
 
 T = TypeVar("T")
 
@@ -132,3 +137,23 @@ def build_section(name: str, cls: type[T], table: dict[str, Any]) -> T:
     if callable(validate):
         validate()
     return obj
+
+
+def check_writable_folder(folder: Path, what: str) -> None:
+    """One line and exit 2 before the work where files cannot be written into ``folder`` (it
+    cannot be made, or is not writable): not an internal error after it. ``what`` names the
+    output in the message (the file, or the option)."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=".subd-check.", dir=folder)
+        os.close(fd)
+        os.unlink(tmp)
+    except FileExistsError:  # mkdir: the folder's name is a file's
+        raise UserError(f"{what}: cannot write ({folder} is not a folder)") from None
+    except OSError as exc:
+        raise cannot_write(what, exc) from None
+
+
+def cannot_write(what: str, exc: OSError) -> UserError:
+    """The one-line error for an output ``what`` that ``exc`` kept from being written."""
+    return UserError(f"{what}: cannot write ({exc.strerror or type(exc).__name__})")

@@ -152,6 +152,24 @@ def test_a_bad_reload_keeps_the_daemon_running_and_says_why(daemon):
     assert latency_ns_of(start, published[-1]) == LATENCY_MS * 10**6  # unchanged
 
 
+def test_a_reload_into_a_folder_that_takes_no_file_is_refused(daemon):
+    good = daemon.config.read_text()
+    daemon.config.write_text(good.replace(f'directory = "{daemon.out}"',
+                                          'directory = "/proc/subd-captions"'))
+    try:
+        n = daemon.log_text().count("reload rejected")
+        daemon.signal(signal.SIGHUP)
+        wait_for(lambda: daemon.log_text().count("reload rejected") > n, 20, "the rejection",
+                 daemon.proc, daemon.log)
+    finally:
+        daemon.config.write_text(good)
+    line = [x for x in daemon.log_text().splitlines() if "reload rejected" in x][-1]
+    assert "[sinks.srt] directory /proc/subd-captions: cannot write" in line
+    before = ticks(daemon)
+    wait_for(lambda: ticks(daemon) > before + 15, 20, "ticks after the refused reload",
+             daemon.proc, daemon.log)
+
+
 def test_sighup_changes_the_latency_of_the_next_ticks(daemon):
     daemon.config.write_text(daemon.config.read_text().replace(
         f"latency_ms = {LATENCY_MS}", f"latency_ms = {NEW_LATENCY_MS}"))

@@ -5,6 +5,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
+from subd.sinks import events_log
 from subd.sinks.events_log import EventsLog, read_events
 from subd.types import CaptionState
 
@@ -47,3 +50,24 @@ def test_rotation_by_size_keeps_every_tick_in_files_that_read_on_their_own(
         if p != path:
             assert p.stat().st_size < 4096 + 200  # one flush past the bound at most
     assert ks == list(range(400))
+
+
+def test_a_log_that_cannot_be_opened_lets_the_ticks_go_on_and_is_opened_when_it_can(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # before: a UserError out of the channel's start, which the supervisor restarted for ever
+    monkeypatch.setattr(events_log, "REOPEN_S", 0.0)
+    (tmp_path / "logs").write_text("a file where the folder should be")
+    path = tmp_path / "logs" / "events.jsonl"
+    log = EventsLog(path)
+    log.write_start(1_000, "30/1", 2000, 150)
+    for k in range(3):
+        log.record(CaptionState(k=k, due_ns=k, audio_end_ns=0), k)
+    assert log.n_write_errors >= 1 and "cannot write" in caplog.text
+    (tmp_path / "logs").unlink()
+    (tmp_path / "logs").mkdir()
+    for k in range(3, 6):
+        log.record(CaptionState(k=k, due_ns=k, audio_end_ns=0), k)
+    log.close()
+    start, ticks = read_events(path)  # the file reads on its own: the start line comes first
+    assert start["t0_ns"] == 1_000 and [t["k"] for t in ticks] == [3, 4, 5]

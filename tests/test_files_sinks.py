@@ -166,6 +166,31 @@ def test_full_disk_is_counted_and_retried_without_losing_cues(
     assert srt_cues(tmp_path / "live.srt") == expected(reference_cues())
 
 
+def test_a_folder_that_cannot_be_made_yet_holds_the_cues_until_it_can(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # a file where the folder should be (a mount not there yet): the sink starts, and the
+    # channel with it, the cues wait; before, start() raised and the channel went down
+    (tmp_path / "mnt").write_text("in the way")
+    sink = SRTSink(FileSinkConfig(directory=str(tmp_path / "mnt" / "captions"), retry_ms=10))
+
+    async def main() -> None:
+        await sink.start()
+        for i, state in enumerate(script_states(script_words(), audio_per_tick=Fraction(4))):
+            sink.publish(state)
+            if i == 40:
+                assert sink.n_write_errors > 0 and sink.n_durable == 0
+                (tmp_path / "mnt").unlink()  # the mount came
+            await asyncio.sleep(0.002)
+        while sink.n_durable < sink.n_committed:
+            await asyncio.sleep(0.01)
+        await sink.close()
+
+    asyncio.run(main())
+    assert "cannot write" in caplog.text and sink.n_lost == 0
+    assert srt_cues(tmp_path / "mnt" / "captions" / "live.srt") == expected(reference_cues())
+
+
 def test_bad_config_is_one_line(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"\[sinks.srt\] rotate_bytes = -1: must be in"):
         SRTSink.from_mapping({"directory": str(tmp_path), "rotate_bytes": -1})

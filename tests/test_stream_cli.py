@@ -232,6 +232,24 @@ path = "{events}"
     assert words == [w for w, _, end_ms in script_words(50) if end_ms <= 2500]
 
 
+@pytest.mark.parametrize(("table", "needle"), [
+    ('[sinks]\nenabled = ["srt"]\n[sinks.srt]\ndirectory = "/proc/subd-captions"\n',
+     "[sinks.srt] directory /proc/subd-captions: cannot write"),
+    ('[events]\npath = "/proc/subd/events.jsonl"\n',
+     "[events] path /proc/subd/events.jsonl: cannot write"),
+    ('[channels.studio-a.sinks]\nenabled = ["vtt"]\n[channels.studio-a.sinks.vtt]\n'
+     'directory = "/proc/subd-vtt"\n',
+     "[channels.studio-a.sinks.vtt] directory /proc/subd-vtt: cannot write"),
+])
+def test_run_refuses_outputs_that_cannot_be_written_before_it_starts(tmp_path, capsys, table,
+                                                                      needle):
+    # before: the channel failed at its start and was restarted for ever, SSE captions too
+    cfg = tmp_path / "subd.toml"
+    cfg.write_text(table)
+    assert main(["run", "--config", str(cfg)]) == 2
+    assert needle in _error_line(capsys)
+
+
 def test_daemon_serves_sse_events_carrying_tick_and_due_time(tmp_path, silent_wav):
     aiohttp = pytest.importorskip("aiohttp")
     from subd.sinks.sse.sink import SSESink

@@ -70,7 +70,7 @@ async def _serve(daemon, controller) -> int:
 def run(args: argparse.Namespace) -> int:
     import subd.service.logs
     from subd.server.safety import resolve_token
-    from subd.service.build import build_layout
+    from subd.service.build import build_layout, check_outputs
     from subd.service.daemon import Daemon
     from subd.service.health import HealthLimits, HealthMonitor
     from subd.service.metrics import Metrics
@@ -84,6 +84,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         cfg = load_config(args.config)
         build_layout(cfg.pipeline.layout, cfg)  # [layout] checked before anything starts
+        check_outputs(cfg)
         token = resolve_token(cfg.server.push_token)
         notifier = Notifier()
         _keep_notify_to_ourselves()
@@ -95,7 +96,9 @@ def run(args: argparse.Namespace) -> int:
         path = args.config
 
         def load():
-            return load_config(path) if path else load_config(None)
+            new = load_config(path) if path else load_config(None)
+            check_outputs(new)  # a reload into a folder that takes no file is refused
+            return new
 
         reloader = Reloader(cfg, load, daemon.apply_config,
                             on_result=lambda result: metrics.reloads.labels(result).inc())

@@ -9,11 +9,11 @@ import json
 import sys
 from pathlib import Path
 
-from subd.commands import check_writable_folder
 from subd.config import Config, load_config
 from subd.errors import UserError
 from subd.pipeline.ticks import parse_fps, parse_rate
 from subd.script import CHINESE_SCRIPTS
+from subd.validate import check_writable_folder
 
 
 def parse_host_port(text: str) -> tuple[str, int]:

@@ -6,8 +6,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from subd.commands import check_writable_folder
 from subd.errors import UserError
+from subd.validate import check_writable_folder
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

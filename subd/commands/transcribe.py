@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pysrt
 
-from subd.commands import cannot_write, check_writable_folder
 from subd.errors import UserError
 from subd.layout.rules import ABBREVIATIONS
 from subd.script import CHINESE_SCRIPTS, DEFAULT_CHINESE_SCRIPT
 from subd.types import Cue, TaggedWord, Word
+from subd.validate import cannot_write, check_writable_folder
 
 OUTPUT_SUFFIXES = (".srt", ".vtt", ".json")
 PROGRESS_MIN_S = 5.0  # show a progress bar for inputs longer than this

@@ -14,7 +14,9 @@ from subd.config import ChannelSpec, Config
 from subd.errors import AudioInputError, ConfigError, ModelError
 from subd.pipeline.scheduler import Source
 from subd.server.standalone import serve_if_configured
+from subd.sinks import load_sink_factory
 from subd.sources.decode import DEMO_CLIP, demo_clip_path  # noqa: F401 - named here by the daemon
+from subd.validate import check_writable_folder
 from subd.workers.hosts import FactorySpec, resolve_tagger
 
 log = logging.getLogger("subd.service.build")
@@ -59,12 +61,29 @@ def build_source(config: Config, *, seed: int = 0, spec: ChannelSpec | None = No
 
 
 def build_sink(name: str, options: dict[str, Any]) -> Any:
-    from subd.sinks import load_sink_factory
-
     factory = load_sink_factory(name)
     from_mapping = getattr(factory, "from_mapping", None)
     sink = from_mapping(options) if from_mapping else factory(**options)
     return serve_if_configured(sink)
+
+
+def check_outputs(config: Config) -> None:
+    """One line (exit 2) before the daemon starts, or a reload is refused, where a channel's
+    caption files or events log could not be written: their folder cannot be made or takes no
+    file. A folder lost later is the sinks' own affair (logged, counted, tried again)."""
+    from subd.sinks.files import CueFileSink
+
+    for spec in config.channel_specs():
+        where = f"[channels.{spec.name}." if config.channels else "["
+        for name in spec.sinks.enabled:
+            factory = load_sink_factory(name)
+            if isinstance(factory, type) and issubclass(factory, CueFileSink):
+                sink = factory.from_mapping(sink_options(config, name, spec))
+                check_writable_folder(sink.path.parent, f"{where}sinks.{name}] directory "
+                                                        f"{sink.config.directory}")
+        if spec.events.path:
+            check_writable_folder(Path(spec.events.path).parent,
+                                  f"{where}events] path {spec.events.path}")
 
 
 def sink_options(config: Config, name: str, spec: ChannelSpec | None = None) -> dict[str, Any]:

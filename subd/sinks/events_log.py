@@ -16,7 +16,9 @@ deque; formatting and writing happen half a tick later, off the critical moment.
 The log is appended to: a channel that restarts (or a daemon restarted by systemd) adds a new
 start line and its ticks after the earlier runs, which stay. Past ``rotate_bytes`` the file is
 renamed to ``<stem>.<NNNN><suffix>`` and a new one begins with the current run's start line, so
-every file reads on its own. :func:`read_events` reads the last run of a file.
+every file reads on its own. :func:`read_events` reads the last run of a file. A log that cannot
+be written (disk full, its folder gone or read-only) is logged and counted, the ticks go on, and
+one that could not be opened is tried again once a second.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import collections
 import json
 import logging
 import os
+import time
 from pathlib import Path
 from typing import IO
 
@@ -60,6 +63,7 @@ def tick_record(state: CaptionState, sent_ns: int) -> dict:
 
 
 ROTATE_BYTES = 64 << 20
+REOPEN_S = 1.0  # a log that could not be opened is tried again this often
 
 
 class EventsLog:
@@ -67,6 +71,9 @@ class EventsLog:
                  rotate_bytes: int = ROTATE_BYTES) -> None:
         self.path = Path(path)
         self.rotate_bytes = rotate_bytes  # 0: never
+        self.n_write_errors = 0
+        self._opened_at = 0.0
+        self._closed = False
         self._file: IO[str] | None = self._open()
         self._pending: collections.deque[tuple[CaptionState, int]] = collections.deque()
         self._flush_delay_s = flush_delay_ns / 1e9
@@ -74,13 +81,22 @@ class EventsLog:
         self._start: dict | None = None
         self.lines_written = 0
         self.n_rotations = 0
-        self.n_write_errors = 0
 
-    def _open(self) -> IO[str]:
+    def _open(self) -> IO[str] | None:
+        """The log, appended to; None where it cannot be opened now (logged, counted): the
+        ticks go on without it, and a flush tries again at most once a second."""
+        self._opened_at = time.monotonic()
         try:
             return open(self.path, "a", encoding="utf-8", buffering=1 << 16)  # noqa: SIM115
         except OSError as exc:
-            raise UserError(f"cannot write events log {self.path}: {exc.strerror}") from None
+            self._failed(exc)
+            return None
+
+    def _failed(self, exc: OSError) -> None:
+        self.n_write_errors += 1
+        if self.n_write_errors == 1 or self.n_write_errors % 100 == 0:
+            log.error("events log %s: cannot write (%s); %d failures so far", self.path,
+                      exc.strerror or exc, self.n_write_errors)
 
     def write_start(self, t0_ns: int, fps: str, latency_ms: int, lookahead_ms: int) -> None:
         self._start = {"type": "start", "t0_ns": t0_ns, "fps": fps, "latency_ms": latency_ms,
@@ -96,6 +112,7 @@ class EventsLog:
                 self._file.tell() < self.rotate_bytes:
             return
         self._file.close()
+        self._file = None  # a failed rename leaves no closed file to write to
         n = 1
         while self._rotated_name(n).exists():
             n += 1
@@ -125,6 +142,11 @@ class EventsLog:
 
     def flush(self) -> None:
         self._handle = None
+        if self._file is None and not self._closed and \
+                time.monotonic() - self._opened_at >= REOPEN_S:
+            self._file = self._open()
+            if self._file is not None and self._start is not None:  # reads on its own
+                self._write(self._start)
         try:
             while self._pending:
                 state, sent_ns = self._pending.popleft()
@@ -133,15 +155,13 @@ class EventsLog:
                 self._file.flush()
                 self._maybe_rotate()
         except OSError as exc:  # disk full: the ticks go on, the log says so once in a while
-            self.n_write_errors += 1
-            if self.n_write_errors == 1 or self.n_write_errors % 100 == 0:
-                log.error("events log %s: cannot write (%s); %d failures so far", self.path,
-                          exc.strerror or exc, self.n_write_errors)
+            self._failed(exc)
 
     def close(self) -> None:
         if self._handle is not None:
             self._handle.cancel()
         self.flush()
+        self._closed = True  # a flush after this (a late tick) opens nothing again
         if self._file is not None:
             try:
                 self._file.close()

@@ -11,11 +11,12 @@ is next opened, so the file read back holds every cue committed before the last 
 write, and nothing else. A failed write is cut back to the last whole cue at once.
 
 Writes run on a worker thread (``publish`` only queues). A failed write (disk full, read-only
-file system) is logged and counted; the cues wait in memory (up to ``max_pending`` of them,
-beyond that the oldest are dropped and counted as lost) and the write is retried, and the
-daemon keeps running. Files rotate by size and by audio time (both on by default: 64 MiB, one
-day): the finished file is renamed to ``<stem>.<NNNN><ext>``. A file left by an earlier run is
-repaired and rotated away the same way. All paths are confined to the configured directory.
+file system, a folder that cannot be made) is logged and counted; the cues wait in memory (up
+to ``max_pending`` of them, beyond that the oldest are dropped and counted as lost) and the
+write is retried, and the daemon keeps running. Files rotate by size and by audio time (both on
+by default: 64 MiB, one day): the finished file is renamed to ``<stem>.<NNNN><ext>``. A file
+left by an earlier run is repaired and rotated away the same way. All paths are confined to the
+configured directory.
 """
 
 from __future__ import annotations
@@ -138,6 +139,7 @@ class CueFileSink:
         self._task: asyncio.Task[None] | None = None
         self._executor: ThreadPoolExecutor | None = None
         self._next_rotation = 1
+        self._prepared = False  # folder made, an earlier run's file adopted (writer thread)
         # the current file (writer thread only)
         self._fd: int | None = None
         self._file_bytes = 0  # its length up to the last whole cue
@@ -161,10 +163,12 @@ class CueFileSink:
     # -- lifecycle ---------------------------------------------------------------------
 
     async def start(self) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
         self._executor = ThreadPoolExecutor(1, thread_name_prefix=f"subd-{self.name}")
         loop = asyncio.get_running_loop()
-        await loop.run_in_executor(self._executor, self._adopt_existing)
+        try:
+            await loop.run_in_executor(self._executor, self._prepare)
+        except OSError as exc:  # the folder cannot be made yet: the channel runs on, the
+            self._failed(exc)   # cues wait and the writer tries again
         self._task = start_task(self._writer(), f"{self.name}-writer")
 
     def publish(self, state: CaptionState) -> None:
@@ -228,6 +232,8 @@ class CueFileSink:
                       len(self._pending))
 
     def _write_pending(self) -> None:
+        if not self._prepared:
+            self._prepare()
         while True:
             with self._lock:
                 if not self._pending:
@@ -306,6 +312,13 @@ class CueFileSink:
         if self.config.fsync:
             _fsync_dir(self.path.parent)
         self._open_file()
+
+    def _prepare(self) -> None:
+        """The folder made, and a file left by an earlier run adopted: once, before the first
+        write (at start, or by the writer once the folder can be made)."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._adopt_existing()
+        self._prepared = True
 
     def _adopt_existing(self) -> None:
         """A file left by an earlier run is repaired (a torn tail cut off) and kept: rotated
