@@ -239,7 +239,10 @@ path = "{events}"
      "[events] path /proc/subd/events.jsonl: cannot write"),
     ('[channels.studio-a.sinks]\nenabled = ["vtt"]\n[channels.studio-a.sinks.vtt]\n'
      'directory = "/proc/subd-vtt"\n',
-     "[channels.studio-a.sinks.vtt] directory /proc/subd-vtt: cannot write"),
+     "channel studio-a: [sinks.vtt] directory /proc/subd-vtt: cannot write"),
+    # the channel's sink takes the top level's options
+    ('[sinks.srt]\ndirectory = "/proc/top"\n[channels.b.sinks]\nenabled = ["srt"]\n',
+     "channel b: [sinks.srt] directory /proc/top: cannot write"),
 ])
 def test_run_refuses_outputs_that_cannot_be_written_before_it_starts(tmp_path, capsys, table,
                                                                       needle):

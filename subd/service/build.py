@@ -74,16 +74,17 @@ def check_outputs(config: Config) -> None:
     from subd.sinks.files import CueFileSink
 
     for spec in config.channel_specs():
-        where = f"[channels.{spec.name}." if config.channels else "["
+        # a channel's options may be its own table's or the top level's: name the channel
+        where = f"channel {spec.name}: " if config.channels else ""
         for name in spec.sinks.enabled:
             factory = load_sink_factory(name)
             if isinstance(factory, type) and issubclass(factory, CueFileSink):
                 sink = factory.from_mapping(sink_options(config, name, spec))
-                check_writable_folder(sink.path.parent, f"{where}sinks.{name}] directory "
+                check_writable_folder(sink.path.parent, f"{where}[sinks.{name}] directory "
                                                         f"{sink.config.directory}")
         if spec.events.path:
             check_writable_folder(Path(spec.events.path).parent,
-                                  f"{where}events] path {spec.events.path}")
+                                  f"{where}[events] path {spec.events.path}")
 
 
 def sink_options(config: Config, name: str, spec: ChannelSpec | None = None) -> dict[str, Any]:
