@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import importlib.util
 import json
@@ -97,6 +98,22 @@ def test_stream_names_a_sink_that_is_not_registered(silent_wav, capsys, tmp_path
     cfg.write_text('[sinks]\nenabled = ["nope"]\n')
     assert main(["stream", str(silent_wav), "--config", str(cfg)]) == 2
     assert "unknown sink 'nope'" in _error_line(capsys)
+
+
+def test_stream_says_which_outputs_of_its_config_it_does_not_use(tmp_path, silent_wav,
+                                                                 caplog):
+    from subd.commands.stream import stream_config
+
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(f'[sinks]\nenabled = ["srt"]\n[events]\npath = "{tmp_path}/ev.jsonl"\n')
+    args = argparse.Namespace(config=str(cfg), jitter_ms=0, speed="1", fps=None,
+                              latency_ms=None, lookahead_ms=None, input=str(silent_wav),
+                              language=None, model=None, chinese_script=None, device=None)
+    stream_config(args)
+    assert "[sinks] enabled, [events] path not used by subd stream" in caplog.text
+    caplog.clear()
+    cfg.write_text("[tick]\nlatency_ms = 1500\n")
+    assert stream_config(args).tick.latency_ms == 1500 and "not used" not in caplog.text
 
 
 def test_bad_config_file_is_one_line(tmp_path, silent_wav, capsys):

@@ -6,10 +6,11 @@ import argparse
 import asyncio
 import dataclasses
 import json
+import logging
 import sys
 from pathlib import Path
 
-from subd.config import Config, load_config
+from subd.config import Config, SinksConfig, load_config
 from subd.errors import UserError
 from subd.pipeline.ticks import parse_fps, parse_rate
 from subd.script import CHINESE_SCRIPTS
@@ -21,6 +22,9 @@ def parse_host_port(text: str) -> tuple[str, int]:
     if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
         raise UserError(f"--serve {text!r}: expected HOST:PORT, e.g. 127.0.0.1:8765")
     return host.strip("[]"), int(port)
+
+
+log = logging.getLogger("subd.stream")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -44,13 +48,21 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    "chinese_script, simplified)")
     p.add_argument("--device", help="recogniser device: auto, cpu, cuda or cuda:N "
                    "(default: [recognizer] device)")
-    p.add_argument("--config", help="configuration file (defaults: built in)")
+    p.add_argument("--config", help="configuration file (defaults: built in); its outputs "
+                                     "([sinks] enabled, [events], [channels]) are not used: "
+                                     "those are --srt, --events and --serve")
     p.add_argument("--seed", type=int, default=0, help="jitter random seed")
     p.set_defaults(func=run)
 
 
 def stream_config(args: argparse.Namespace) -> Config:
     cfg = load_config(args.config)
+    unused = [name for name, given in (
+        ("[sinks] enabled", cfg.sinks.enabled != SinksConfig().enabled),
+        ("[events] path", bool(cfg.events.path)), ("[channels]", bool(cfg.channels))) if given]
+    if unused:  # a user who set them expects files that would not come
+        log.warning("%s: %s not used by subd stream: its outputs are --srt, --events and "
+                    "--serve", args.config, ", ".join(unused))
     if args.jitter_ms < 0 or args.jitter_ms > 5000:
         raise UserError(f"--jitter-ms {args.jitter_ms}: must be 0..5000")
     speed = parse_rate(args.speed)
