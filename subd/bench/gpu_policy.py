@@ -54,6 +54,8 @@ class Trial:
     # updates the batched recogniser's scheduler answered without a decode (they could not
     # have made their due time: subd.service.batching)
     n_degraded: int = 0
+    degraded_at_ns: list[int] = field(default_factory=list)  # when each came back
+    first_send_ns: int | None = None  # the trial's first update: the times' zero
     n_failed: int = 0
     failures: dict[str, int] = field(default_factory=dict)  # a failed update's error: count
     n_full: int = 0  # updates the planner sent on Whisper's full 30 s input
@@ -253,11 +255,24 @@ def _serial_threads(batched: bool):
     return torch_threads(live_threads())
 
 
+def degraded_moments(t: Trial, bin_s: float = 0.1) -> str:
+    """When the degraded updates came back, seconds into the trial, ``bin_s`` apart: one stall
+    (a batch) or many spread over the trial (`` at [3.2 s x8, 7.9 s x4]``); '' if none."""
+    if not t.degraded_at_ns or t.first_send_ns is None:
+        return ""
+    bins: dict[float, int] = {}
+    for ns in t.degraded_at_ns:
+        at = round((ns - t.first_send_ns) / NS_PER_S / bin_s) * bin_s
+        bins[at] = bins.get(at, 0) + 1
+    shown = [f"{at:.1f} s x{n}" for at, n in sorted(bins.items())]
+    return f" at [{', '.join(shown[:12])}{', ...' if len(shown) > 12 else ''}]"
+
+
 def describe(t: Trial) -> str:
     return (f"{t.label} N={t.n_channels:5d} served={t.served!s:5s} keeps_up={t.keeps_up!s:5s} "
             f"updates={t.n_updates:6d} words={t.n_words:6d} "
             f"late_words={t.n_late:5d} {t.late_why} late_updates={t.n_late_updates:5d} "
-            f"degraded={t.n_degraded} "
+            f"degraded={t.n_degraded}{degraded_moments(t)} "
             f"failed={t.n_failed} full_span={t.n_full} "
             f"visible p50/p95 {t.pct('visible_ms', 50):6.0f}/"
             f"{t.pct('visible_ms', 95):6.0f} ms commit p50/p95 {t.pct('commit_ms', 50):6.0f}/"

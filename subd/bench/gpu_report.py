@@ -51,6 +51,8 @@ def account(trial, i: int, ok: bool, res, t_send_ns: int, t_done_ns: int, start_
     host's result, else its error) into ``trial``, as a viewer of that channel would notice
     it; the channel's planner learns the round trip as the pipeline's does."""
     trial.n_updates += 1
+    if trial.first_send_ns is None or t_send_ns < trial.first_send_ns:
+        trial.first_send_ns = t_send_ns
     rtt = t_done_ns - t_send_ns
     trial.n_late_updates += rtt > d_ns - a_ns
     if not ok:
@@ -59,6 +61,8 @@ def account(trial, i: int, ok: bool, res, t_send_ns: int, t_done_ns: int, start_
         trial.failures[why] = trial.failures.get(why, 0) + 1
         return
     trial.n_degraded += res.degraded
+    if res.degraded:
+        trial.degraded_at_ns.append(t_done_ns)
     if res.decoded:  # as the scheduler: a silent window costs next to nothing
         planner.record(plan, rtt, res.duration_ns)  # its own run, the rest a wait
     trial.n_full += plan.full_span
