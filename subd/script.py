@@ -24,6 +24,12 @@ SPACELESS_LANGUAGES = frozenset({"zh", "yue", "ja", "th", "lo", "my", "km", "bo"
 # Half-width marks and their full-width forms (used when the text around them is CJK).
 FULLWIDTH = {",": "，", ".": "。", "?": "？", "!": "！", ":": "：", ";": "；", "(": "（",
              ")": "）"}
+
+# Title abbreviations as English writes them: their period is the word's, and ends no sentence
+# ("Mr. | John" is a bad break; the tagger, which decides sentence ends, sees "mr").
+TITLE_ABBREVIATIONS = frozenset({"mr.", "mrs.", "ms.", "dr.", "st.", "jr.", "sr.", "vs.", "prof.",
+                                 "mt."})
+
 # No line may start with these (closing brackets, marks that end something) ...
 CLOSING = frozenset("，。？！：；、）》」』】〕〉”’…·ー々〜ゝゞ,.?!:;)]}%")
 # ... and none may end with these (opening brackets and quotes).

@@ -324,3 +324,18 @@ def test_a_tagger_whose_flush_takes_no_words_still_gets_the_streams_last_words()
                                  decide_until_ns=words[-1].end_ns))
     assert [tw.text for tw in end.final] == ["so", "long."] and end.provisional == ()
     assert end.first_final_idx == 0 and host.n_final == 2
+
+
+def test_a_title_keeps_its_period_which_ends_no_sentence(tagger: PunctTagger) -> None:
+    # the stream showed "And Mr John Dashwood" where the recogniser and `subd transcribe`
+    # write "Mr.": the tagger sees "mr" (its period is no mark), and the display dropped it
+    words = [Word(w, i * 300 * MS, (i * 300 + 250) * MS)
+             for i, w in enumerate("and Mr. John Dashwood had then leisure to consider".split())]
+    stream = PunctStream(tagger, PunctConfig(right_context_words=2))
+    up = stream.update_from(Hypothesis(tuple(words), (), words[-1].end_ns))
+    assert render([*up.final, *up.provisional]).startswith("And Mr. John Dashwood had")
+    # a recogniser that wrote it without the period is shown as it wrote it
+    words[1] = Word("Mr", words[1].start_ns, words[1].end_ns)
+    stream = PunctStream(tagger, PunctConfig(right_context_words=2))
+    up = stream.update_from(Hypothesis(tuple(words), (), words[-1].end_ns))
+    assert render([*up.final, *up.provisional]).startswith("And Mr John")

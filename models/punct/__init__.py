@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from subd.script import TITLE_ABBREVIATIONS
 from subd.types import TaggedWord, Word
 
 from .tagger import PunctTagger, WordTag
@@ -71,8 +72,10 @@ def tagged_word(word: Word, tag: WordTag, final: bool) -> TaggedWord:
     norm = normalise_word(word.text)
     if not norm:  # a token with no letter or digit: shown as the recogniser wrote it
         return TaggedWord(word, word.text, "", "lower", tag.break_after, final)
-    return TaggedWord(word, apply_case(norm, tag.case), tag.punct, tag.case, tag.break_after,
-                      final)
+    text = apply_case(norm, tag.case)
+    if word.text.strip().lower() in TITLE_ABBREVIATIONS and tag.punct != ".":
+        text += "."  # the recogniser's "Mr.": the word's own period, no mark ("Mr. John")
+    return TaggedWord(word, text, tag.punct, tag.case, tag.break_after, final)
 
 
 def tag_words(

@@ -13,8 +13,7 @@ from pathlib import Path
 import pysrt
 
 from subd.errors import UserError
-from subd.layout.rules import ABBREVIATIONS
-from subd.script import CHINESE_SCRIPTS, DEFAULT_CHINESE_SCRIPT
+from subd.script import CHINESE_SCRIPTS, DEFAULT_CHINESE_SCRIPT, TITLE_ABBREVIATIONS
 from subd.types import Cue, TaggedWord, Word
 from subd.validate import cannot_write, check_writable_folder
 
@@ -99,7 +98,7 @@ def _tagged(word: Word) -> TaggedWord:
     """The recogniser's own punctuation as tags (offline output has full right context)."""
     text = word.text
     punct = text[-1] if text[-1:] in (",", ".", "?", "!", "，", "。", "？", "！") else ""
-    if text.lower() in ABBREVIATIONS:
+    if text.lower() in TITLE_ABBREVIATIONS:
         punct = ""
     return TaggedWord(
         word=word,

@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from subd.script import CLOSING, OPENING, columns, is_wide, joiner
+from subd.script import CLOSING, OPENING, TITLE_ABBREVIATIONS, columns, is_wide, joiner
 
 # Words that must stay with the word after them (the noun phrase they introduce).
 GLUE_WORDS = frozenset(
@@ -30,8 +30,6 @@ CONJUNCTIONS = frozenset("and or but so because although though while whereas no
 
 SENTENCE_END = frozenset(".?!。？！")
 CLAUSE_END = frozenset(",;:，；：、")
-# Title abbreviations: their period ends no sentence ("Mr. | John" is a bad break).
-ABBREVIATIONS = frozenset({"mr.", "mrs.", "ms.", "dr.", "st.", "jr.", "sr.", "vs.", "prof.", "mt."})
 
 FORBIDDEN_PENALTY = 100.0  # used only when there is no other legal place
 _NUMBER_RE = re.compile(r"^[+-]?[$€£]?\d[\d.,:]*$")
@@ -69,7 +67,7 @@ def break_score(left: Token, right: Token | None) -> float:
     if right is not None and right.glue_before:
         return 0.5  # inside a split long word: allowed (the piece ends in a hyphen), neutral
     punct = left.punct or (left.text[-1] if left.text and not left.text[-1].isalnum() else "")
-    if left.text.lower() in ABBREVIATIONS:
+    if left.text.lower() in TITLE_ABBREVIATIONS:
         punct = ""
     score = 0.0
     if punct in SENTENCE_END:
