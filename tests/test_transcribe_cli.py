@@ -214,6 +214,11 @@ def test_silence_and_white_noise_give_no_words(tmp_path):
         code, err, _ = run_cli("transcribe", str(path), "-o", str(out), "--quiet")
         assert code == 0, err
         assert words_of(out) == [], path.name
+    # without --quiet the user is told why the file holds no cue (an empty SRT said nothing)
+    out = tmp_path / "silence.srt"
+    code, err, _ = run_cli("transcribe", str(silence), "-o", str(out))
+    assert code == 0 and out.read_text() == ""
+    assert f"no speech found in {silence}; {out} holds no cue" in err
 
 
 def test_two_hours_of_silence_stream_in_bounded_memory(tmp_path):

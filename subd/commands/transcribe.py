@@ -247,4 +247,6 @@ def run(args: argparse.Namespace) -> int:
         _write_atomic(out, render(words, out.suffix.lower()))
     except OSError as exc:  # the disk filled, or the folder went, during the work
         raise cannot_write(str(out), exc) from None
+    if not words and not args.quiet:  # a valid file with no cue: say why, not nothing
+        print(f"subd: no speech found in {args.input}; {out} holds no cue", file=sys.stderr)
     return 0
