@@ -16,15 +16,14 @@ from subd.pipeline.ticks import parse_fps, parse_rate
 from subd.script import CHINESE_SCRIPTS
 from subd.validate import check_writable_folder
 
+log = logging.getLogger("subd.stream")
+
 
 def parse_host_port(text: str) -> tuple[str, int]:
     host, sep, port = text.rpartition(":")
     if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
         raise UserError(f"--serve {text!r}: expected HOST:PORT, e.g. 127.0.0.1:8765")
     return host.strip("[]"), int(port)
-
-
-log = logging.getLogger("subd.stream")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
