@@ -131,7 +131,7 @@ needs_recogniser = pytest.mark.skipif(
 @needs_recogniser
 def test_stream_cli_on_real_speech_writes_the_events_log(espeak_clips, tmp_path):
     clip = espeak_clips[1]
-    events = tmp_path / "events.jsonl"
+    events = tmp_path / "logs" / "events.jsonl"  # its folder is made
     assert main(["stream", str(clip.path), "--events", str(events), "--latency-ms", "3000"]) == 0
     start, ticks = read_events(events)
     assert start["type"] == "start" and start["lookahead_ms"] == 150
@@ -311,7 +311,7 @@ def test_stream_writes_a_live_srt_of_the_committed_cues(espeak_clips, tmp_path):
     pysrt = pytest.importorskip("pysrt")
     if "srt" not in available_sinks():
         pytest.skip("no srt sink registered")
-    out = tmp_path / "live.srt"
+    out = tmp_path / "captions" / "live.srt"  # a folder not made yet is made, as by transcribe -o
     assert main(["stream", str(espeak_clips[1].path), "--srt", str(out), "--speed", "2",
                  "--latency-ms", "3000"]) == 0
     subs = pysrt.open(str(out))

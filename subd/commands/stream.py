@@ -125,8 +125,6 @@ def run(args: argparse.Namespace) -> int:
     sinks = []
     if args.srt:
         out = Path(args.srt)
-        if not out.parent.is_dir():
-            raise UserError(f"--srt {out}: directory {out.parent} does not exist")
         check_writable_folder(out.parent, f"--srt {out}")
         sinks.append(build_sink("srt", {"directory": str(out.parent.resolve()),
                                         "filename": out.name}))
@@ -136,8 +134,6 @@ def run(args: argparse.Namespace) -> int:
         sinks.append(build_sink("sse", sink_options(cfg, "sse")))
     if args.events:
         out = Path(args.events)
-        if not out.parent.is_dir():
-            raise UserError(f"--events {out}: directory {out.parent} does not exist")
         check_writable_folder(out.parent, f"--events {out}")
     daemon = Daemon(cfg, source, sinks=sinks, events_path=args.events, serve=serve)
 
