@@ -64,7 +64,7 @@ def test_a_busy_port_stops_the_daemon_before_any_channel_starts(tmp_path):
             daemon.stop()
     log = daemon.log_text()
     assert code != 0
-    assert f"cannot listen on 127.0.0.1:{port}" in log, log
+    assert log.count(f"cannot listen on 127.0.0.1:{port}") == 1, log  # one line, said once
     assert "Traceback" not in log
     # nothing was started: no model process, no channel (its events log would exist)
     assert not (tmp_path / "events.jsonl").exists()

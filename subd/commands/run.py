@@ -42,7 +42,8 @@ async def _serve(daemon, controller) -> int:
     from subd.service.signals import EXIT_FORCED
 
     controller.install()
-    run_task = start_task(daemon.run(), "daemon")
+    # its failure is this function's to report (raised as the CLI's one line, or logged below)
+    run_task = start_task(daemon.run(), "daemon", expected=(Exception,))
     wait_task = start_task(controller.wait(), "signals")
     try:
         done, _ = await asyncio.wait({run_task, wait_task},
