@@ -10,6 +10,10 @@
 #   .benchdata/cut.toml, cut23.toml  the capacity runs' configurations
 #   .benchdata/cuda.toml             the quality run's: the daemon's recogniser on CUDA
 #   .benchdata/site.sh   sourced there: installs the wheels and subd into /tmp/site
+# and .benchdata-redis/: Debian's redis-server and the libraries it links beyond the C and C++
+# runtimes (bin/redis-server runs it with them), for `subd bench edge` on the device's cores;
+# apart, since .benchdata with it would pass 64 MiB (carry [".benchdata-redis",
+# ".benchdata/wheels", ".benchdata/site.sh"] for device-runs.sh edge)
 set -euo pipefail
 out=.benchdata
 ps=/usr/share/pocketsphinx/test/data
@@ -23,6 +27,19 @@ pip wheel -q --wheel-dir "$out/wheels" --no-deps pysrt pytorch-crf pycparser red
 # only the LibriVox and cards parts (subd bench daemon streams both): with the rest of
 # pocketsphinx-testdata the tree and .benchdata passed the device tool's 64 MiB (2026-12-05)
 rm -rf "$out/ps" && mkdir -p "$out/ps" && cp -r "$ps/librivox" "$ps/cards" "$out/ps/"
+# redis-server for `subd bench edge` on the device's cores (its image has none)
+rs=.benchdata-redis
+rm -rf "$out/redis" "$rs" && mkdir -p "$rs/bin" "$rs/lib"
+cp /usr/bin/redis-server "$rs/redis-server.bin"
+ldd /usr/bin/redis-server | awk '$3 ~ /^\// {print $3}' \
+  | grep -v -E '/(libc|libm|libstdc\+\+|libgcc_s|ld-linux[^/]*)\.so' \
+  | xargs -I{} cp -L {} "$rs/lib/"
+cat > "$rs/bin/redis-server" <<'EOF_REDIS'
+#!/bin/sh
+here=$(dirname "$(readlink -f "$0")")/..
+LD_LIBRARY_PATH="$here/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" exec "$here/redis-server.bin" "$@"
+EOF_REDIS
+chmod +x "$rs/bin/redis-server"
 # the configurations of docs/MEASUREMENTS.md's capacity runs (scripts/device-runs.sh)
 printf '[tick]\nlatency_ms = 2000\n\n[recognizer]\nencoder_span = "cut"\n' > "$out/cut.toml"
 printf '[tick]\nlatency_ms = 2000\n\n[recognizer]\nencoder_span = "cut"\nencoder_bucket_ms = 2000\ntrim_after_ms = 3000\n' > "$out/cut23.toml"

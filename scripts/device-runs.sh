@@ -11,6 +11,10 @@
 #       the environment: --max-rows (256; 48 keeps 8 large-v3-turbo-sized processes in an H100)
 #   scripts/device-runs.sh round [ROWS]
 #       `subd bench round --profile`: one batched round of tiny.en, stage by stage (44 rows)
+#   scripts/device-runs.sh edge WORKERS [CLIENTS]
+#       `subd bench edge` on the machine's cores (no GPU used): 1 daemon, redis-server
+#       (.benchdata-redis), 2 edges, 2 x CLIENTS SSE clients (1000), half never reading;
+#       WORKERS a comma list of fan-out workers per server, one bench a value
 #   scripts/device-runs.sh quality SETS
 #       `subd bench quality --pace real` at D = 2 s, the daemon's recogniser on CUDA
 #       (.benchdata/cuda.toml), each clip its own stream; SETS: dev, heldout or dev,heldout
@@ -21,7 +25,8 @@ case "${1:-}" in
   capacity) [ $# -ge 4 ] || { echo "usage: $0 capacity CONFIG STREAMS NAIVE [SIZE [DECISIONS]]" >&2; exit 2; } ;;
   quality) [ $# -ge 2 ] || { echo "usage: $0 quality SETS" >&2; exit 2; } ;;
   round) ;;
-  *) echo "usage: $0 check | capacity CONFIG STREAMS NAIVE [SIZE [DECISIONS]] | round [ROWS] | quality SETS" >&2; exit 2 ;;
+  edge) [ $# -ge 2 ] || { echo "usage: $0 edge WORKERS [CLIENTS]" >&2; exit 2; } ;;
+  *) echo "usage: $0 check | capacity CONFIG STREAMS NAIVE [SIZE [DECISIONS]] | round [ROWS] | edge WORKERS [CLIENTS] | quality SETS" >&2; exit 2 ;;
 esac
 command -v nvidia-smi >/dev/null || { echo "$0: no NVIDIA GPU here (run it on the GPU machine)" >&2; exit 2; }
 cd "$(dirname "$0")/.."
@@ -65,6 +70,15 @@ case "${1:-}" in
   round)
     cd /tmp && python -m subd.cli bench round --model "$R/.benchdata/tiny_en" \
       --clips "$R/.benchdata/ps/librivox" --rows "${2:-44}" --profile 2>&1 | grep -v "^INFO"
+    ;;
+  edge)
+    export PATH="$R/.benchdata-redis/bin:$PATH"
+    nproc; uptime
+    for w in ${2//,/ }; do
+      echo "== --workers $w"
+      (cd /tmp && python -m subd.cli bench edge --workers "$w" --clients "${3:-1000}" 2>&1 \
+        | grep -v "^INFO" | tail -n 40)
+    done
     ;;
   quality)
     cd /tmp && python -m subd.cli bench quality --model "$R/.benchdata/tiny_en" \
