@@ -6,6 +6,8 @@ import argparse
 import asyncio
 import importlib.util
 import json
+import subprocess
+import sys
 from fractions import Fraction
 
 import numpy as np
@@ -15,6 +17,7 @@ from daemon_helpers import START_LIMIT_S, healthz, wait_for
 
 from subd.cli import main
 from subd.config import load_config
+from subd.scoring.wer import normalise, word_errors
 from subd.service.daemon import Daemon
 from subd.sinks import available_sinks
 from subd.sinks.events_log import read_events
@@ -92,6 +95,42 @@ def test_stream_rejects_bad_options_in_one_line(silent_wav, capsys, argv, needle
     assert needle in _error_line(capsys)
 
 
+@pytest.mark.parametrize("argv,needle", [
+    (["-", "--speed", "2"], "stdin (-) is live"),
+    (["-", "--jitter-ms", "40"], "stdin (-) is live"),
+    (["FILE", "--format", "f32le"], "--format is for raw PCM on stdin"),
+])
+def test_stream_refuses_pacing_a_live_stdin_and_a_format_for_a_file(silent_wav, capsys, argv,
+                                                                     needle):
+    argv = [str(silent_wav) if a == "FILE" else a for a in argv]
+    assert main(["stream", *argv]) == 2
+    assert needle in _error_line(capsys)
+
+
+@pytest.mark.parametrize("fmt", ["s16le", "f32le"])
+def test_stream_captions_live_pcm_piped_on_stdin(speech_clips, tmp_path, fmt):
+    clip = speech_clips[0]
+    audio, rate = sf.read(clip.path, dtype="float32")
+    assert rate == SAMPLE_RATE_HZ and audio.ndim == 1
+    pcm = (np.clip(audio, -1, 1) * 32767).astype("<i2") if fmt == "s16le" else audio.astype("<f4")
+    out = tmp_path / "live.srt"
+    proc = subprocess.run([sys.executable, "-m", "subd.cli", "stream", "-", "--format", fmt,
+                           "--srt", str(out)], input=pcm.tobytes(), capture_output=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr.decode()[-2000:]
+    summary = json.loads(proc.stderr.decode().strip().splitlines()[-1])  # its last line
+    assert summary["deadline_misses"] == 0 and summary["lost_samples"] == 0, summary
+    # the whole clip was heard: its ticks cover its length
+    assert summary["ticks"] >= int(len(audio) / SAMPLE_RATE_HZ * 30) - 2, summary
+    words = normalise(" ".join(s.text for s in pysrt_open(out)))
+    errors = word_errors(clip.transcript.split(), words)
+    assert errors <= len(clip.transcript.split()) * 0.25, (words, clip.transcript)
+
+
+def pysrt_open(path):
+    return pytest.importorskip("pysrt").open(str(path))
+
+
 def test_stream_names_a_sink_that_is_not_registered(silent_wav, capsys, tmp_path):
     assert "nope" not in available_sinks()
     cfg = tmp_path / "c.toml"
@@ -108,7 +147,8 @@ def test_stream_says_which_outputs_of_its_config_it_does_not_use(tmp_path, silen
     cfg.write_text(f'[sinks]\nenabled = ["srt"]\n[events]\npath = "{tmp_path}/ev.jsonl"\n')
     args = argparse.Namespace(config=str(cfg), jitter_ms=0, speed="1", fps=None,
                               latency_ms=None, lookahead_ms=None, input=str(silent_wav),
-                              language=None, model=None, chinese_script=None, device=None)
+                              language=None, model=None, chinese_script=None, device=None,
+                              pcm_format=None)
     stream_config(args)
     assert "[sinks] enabled, [events] path not used by subd stream" in caplog.text
     caplog.clear()

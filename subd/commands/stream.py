@@ -28,7 +28,10 @@ def parse_host_port(text: str) -> tuple[str, int]:
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("stream", help="run the live pipeline on an audio file")
-    p.add_argument("input", help="audio file (WAV/FLAC/OGG)")
+    p.add_argument("input", help="audio file (WAV/FLAC/OGG), or - for live raw PCM on stdin "
+                   "(16 kHz mono, --format), e.g. from ffmpeg -re ... -f s16le -ar 16000 -ac 1 -")
+    p.add_argument("--format", dest="pcm_format", choices=("s16le", "f32le"),
+                   help="stdin PCM sample format (default: [source] pcm_format, s16le)")
     p.add_argument("--speed", default="1", help="pace at this many times real time (default 1)")
     p.add_argument("--jitter-ms", type=int, default=0,
                    help="deliver chunks randomly late by up to this many ms")
@@ -77,8 +80,16 @@ def stream_config(args: argparse.Namespace) -> Config:
         if not 0 <= args.lookahead_ms < tick.latency_ms:
             raise UserError(f"--lookahead-ms {args.lookahead_ms}: must be 0..latency")
         tick = dataclasses.replace(tick, lookahead_ms=args.lookahead_ms)
-    source = dataclasses.replace(cfg.source, kind="file", path=args.input,
-                                 speed=float(speed), jitter_ms=args.jitter_ms, loop=False)
+    if args.input == "-":  # live: it comes at its own pace
+        if speed != 1 or args.jitter_ms:
+            raise UserError("--speed and --jitter-ms pace a file; stdin (-) is live")
+        source = dataclasses.replace(cfg.source, kind="stdin", path="",
+                                     pcm_format=args.pcm_format or cfg.source.pcm_format)
+    else:
+        if args.pcm_format:
+            raise UserError("--format is for raw PCM on stdin (-); a file says its own")
+        source = dataclasses.replace(cfg.source, kind="file", path=args.input,
+                                     speed=float(speed), jitter_ms=args.jitter_ms, loop=False)
     rec = cfg.recognizer
     if args.language:
         rec = with_language(rec, args.language)
@@ -121,7 +132,8 @@ def run(args: argparse.Namespace) -> int:
 
     cfg = stream_config(args)
     source = build_source(cfg, seed=args.seed)
-    source.speed = parse_rate(args.speed)
+    if args.input != "-":
+        source.speed = parse_rate(args.speed)  # exact: the config holds a float
     sinks = []
     if args.srt:
         out = Path(args.srt)
