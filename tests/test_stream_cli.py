@@ -127,6 +127,15 @@ def test_stream_captions_live_pcm_piped_on_stdin(speech_clips, tmp_path, fmt):
     assert errors <= len(clip.transcript.split()) * 0.25, (words, clip.transcript)
 
 
+def test_stream_of_an_empty_stdin_ends_with_one_error_said_once():
+    proc = subprocess.run([sys.executable, "-m", "subd.cli", "stream", "-"], input=b"",
+                          capture_output=True, timeout=120)
+    err = proc.stderr.decode()
+    assert proc.returncode == 2, err
+    assert err.strip().splitlines()[-1] == "subd: error: stdin: no PCM data", err
+    assert "task " not in err and "Traceback" not in err, err  # not logged again on its way
+
+
 def pysrt_open(path):
     return pytest.importorskip("pysrt").open(str(path))
 

@@ -224,7 +224,9 @@ class DaemonChannel(ChannelReload):
                                      layout=build_layout(d.layout_spec, d.config))
             self._layout_key = layout_key(d.layout_spec, d.config)
             observer.counters = self.pipeline.counters  # misses as the scheduler counts them
-            self._task = start_task(self.pipeline.run(), f"pipeline:{self.name}")
+            # awaited here: its failure is the channel's (and its supervisor's) to report
+            self._task = start_task(self.pipeline.run(), f"pipeline:{self.name}",
+                                    expected=(Exception,))
             try:
                 self.counters = await self._task
             except asyncio.CancelledError:

@@ -209,7 +209,10 @@ class Daemon:
         if self.supervise:
             self._tasks[spec.name] = self.supervisor.start(ch)
         else:
-            self._tasks[spec.name] = start_task(ch.run(), f"channel:{spec.name}")
+            # unsupervised (subd stream), a channel's failure ends the run: _wait_channels
+            # raises it, and the command reports it in its one line
+            self._tasks[spec.name] = start_task(ch.run(), f"channel:{spec.name}",
+                                                expected=(Exception,))
 
     async def _stop_channel(self, name: str) -> None:
         ch = self.channels.pop(name, None)
