@@ -99,6 +99,44 @@ def test_stdin_pcm_source_reads_s16le_in_chunks_and_keeps_odd_bytes():
     np.testing.assert_allclose(samples * 32768, np.arange(-800, 800) * 16)
 
 
+def _read_all(src):
+    async def main():
+        t0 = await src.start(FakeClock(start_ns=10**9))
+        return t0, [c async for c in src.chunks()]
+
+    return asyncio.run(main())
+
+
+def test_stdin_pcm_source_mixes_and_resamples_any_rate_and_channels():
+    t = np.arange(48_000) / 48_000  # 1 s of a 440 Hz tone at 48 kHz, the right channel silent
+    left = (np.sin(2 * np.pi * 440 * t) * 0.5 * 32767).astype(np.int16)
+    pcm = np.stack([left, np.zeros_like(left)], axis=1).tobytes()
+    src = PcmStreamSource(io.BytesIO(pcm), fmt="s16le", rate_hz=48_000, channels=2,
+                          chunk_ms=20)
+    t0, chunks = _read_all(src)
+    assert t0 == 10**9 - 20 * MS  # the first read's 960 frames are 20 ms at 48 kHz
+    samples = np.concatenate([c.samples for c in chunks])
+    assert abs(samples.shape[0] - 16_000) <= 16  # 1 s at 16 kHz
+    starts = [c.start_sample for c in chunks]
+    assert starts == sorted(starts) and starts[0] == 0
+    assert 0.23 < np.abs(samples[2000:14000]).max() < 0.26  # mixed: half of the left's 0.5
+    spectrum = np.abs(np.fft.rfft(samples[:16_000]))
+    assert abs(int(spectrum.argmax()) - 440) <= 1  # still 440 Hz on the 16 kHz timeline
+
+
+def test_stdin_pcm_source_plays_nan_as_silence_and_goes_on(caplog):
+    audio = np.full(3200, 0.25, np.float32)
+    audio[500:600] = np.nan
+    audio[700] = np.inf
+    src = PcmStreamSource(io.BytesIO(audio.astype("<f4").tobytes()), fmt="f32le")
+    _, chunks = _read_all(src)
+    samples = np.concatenate([c.samples for c in chunks])
+    assert samples.shape[0] == 3200 and np.all(np.isfinite(samples))
+    assert np.all(samples[500:600] == 0) and samples[700] == 0 and samples[800] == 0.25
+    assert src.conditioner.stats.n_nonfinite == 101
+    assert "NaN or infinite samples, played as silence" in caplog.text
+
+
 def test_empty_stdin_is_a_clear_error():
     src = PcmStreamSource(io.BytesIO(b""))
     with pytest.raises(AudioInputError, match="no PCM data"):

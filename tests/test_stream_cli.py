@@ -98,7 +98,10 @@ def test_stream_rejects_bad_options_in_one_line(silent_wav, capsys, argv, needle
 @pytest.mark.parametrize("argv,needle", [
     (["-", "--speed", "2"], "stdin (-) is live"),
     (["-", "--jitter-ms", "40"], "stdin (-) is live"),
-    (["FILE", "--format", "f32le"], "--format is for raw PCM on stdin"),
+    (["FILE", "--format", "f32le"], "--format: for raw PCM on stdin"),
+    (["FILE", "--rate", "48000", "--channels", "2"], "--rate, --channels: for raw PCM on stdin"),
+    (["-", "--rate", "5"], "bad --rate 5"),
+    (["-", "--channels", "0"], "bad --channels 0"),
 ])
 def test_stream_refuses_pacing_a_live_stdin_and_a_format_for_a_file(silent_wav, capsys, argv,
                                                                      needle):
@@ -107,21 +110,29 @@ def test_stream_refuses_pacing_a_live_stdin_and_a_format_for_a_file(silent_wav, 
     assert needle in _error_line(capsys)
 
 
-@pytest.mark.parametrize("fmt", ["s16le", "f32le"])
-def test_stream_captions_live_pcm_piped_on_stdin(speech_clips, tmp_path, fmt):
+@pytest.mark.parametrize("fmt,rate,channels", [("s16le", 16000, 1), ("f32le", 16000, 1),
+                                               ("s16le", 48000, 2)])
+def test_stream_captions_live_pcm_piped_on_stdin(speech_clips, tmp_path, fmt, rate, channels):
+    import soxr
+
     clip = speech_clips[0]
-    audio, rate = sf.read(clip.path, dtype="float32")
-    assert rate == SAMPLE_RATE_HZ and audio.ndim == 1
-    pcm = (np.clip(audio, -1, 1) * 32767).astype("<i2") if fmt == "s16le" else audio.astype("<f4")
+    audio, clip_rate = sf.read(clip.path, dtype="float32")
+    assert clip_rate == SAMPLE_RATE_HZ and audio.ndim == 1
+    if rate != SAMPLE_RATE_HZ:  # as a capture card gives it: 48 kHz, both channels
+        audio = soxr.resample(audio, SAMPLE_RATE_HZ, rate).astype(np.float32)
+    frames = np.repeat(audio[:, None], channels, axis=1)
+    pcm = (np.clip(frames, -1, 1) * 32767).astype("<i2") if fmt == "s16le" \
+        else frames.astype("<f4")
     out = tmp_path / "live.srt"
     proc = subprocess.run([sys.executable, "-m", "subd.cli", "stream", "-", "--format", fmt,
+                           "--rate", str(rate), "--channels", str(channels),
                            "--srt", str(out)], input=pcm.tobytes(), capture_output=True,
                           timeout=120)
     assert proc.returncode == 0, proc.stderr.decode()[-2000:]
     summary = json.loads(proc.stderr.decode().strip().splitlines()[-1])  # its last line
     assert summary["deadline_misses"] == 0 and summary["lost_samples"] == 0, summary
     # the whole clip was heard: its ticks cover its length
-    assert summary["ticks"] >= int(len(audio) / SAMPLE_RATE_HZ * 30) - 2, summary
+    assert summary["ticks"] >= int(len(audio) / rate * 30) - 2, summary
     words = normalise(" ".join(s.text for s in pysrt_open(out)))
     errors = word_errors(clip.transcript.split(), words)
     assert errors <= len(clip.transcript.split()) * 0.25, (words, clip.transcript)
@@ -157,7 +168,7 @@ def test_stream_says_which_outputs_of_its_config_it_does_not_use(tmp_path, silen
     args = argparse.Namespace(config=str(cfg), jitter_ms=0, speed="1", fps=None,
                               latency_ms=None, lookahead_ms=None, input=str(silent_wav),
                               language=None, model=None, chinese_script=None, device=None,
-                              pcm_format=None)
+                              pcm_format=None, pcm_rate_hz=None, pcm_channels=None)
     stream_config(args)
     assert "[sinks] enabled, [events] path not used by subd stream" in caplog.text
     caplog.clear()

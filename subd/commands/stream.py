@@ -14,6 +14,7 @@ from subd.config import Config, SinksConfig, load_config
 from subd.errors import UserError
 from subd.pipeline.ticks import parse_fps, parse_rate
 from subd.script import CHINESE_SCRIPTS
+from subd.sources.pcm import PcmSpec
 from subd.validate import check_writable_folder
 
 log = logging.getLogger("subd.stream")
@@ -29,9 +30,13 @@ def parse_host_port(text: str) -> tuple[str, int]:
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("stream", help="run the live pipeline on an audio file")
     p.add_argument("input", help="audio file (WAV/FLAC/OGG), or - for live raw PCM on stdin "
-                   "(16 kHz mono, --format), e.g. from ffmpeg -re ... -f s16le -ar 16000 -ac 1 -")
+                   "(--format, --rate, --channels), e.g. from ffmpeg -re ... -f s16le -")
     p.add_argument("--format", dest="pcm_format", choices=("s16le", "f32le"),
                    help="stdin PCM sample format (default: [source] pcm_format, s16le)")
+    p.add_argument("--rate", dest="pcm_rate_hz", type=int,
+                   help="stdin PCM sample rate in Hz (default: [source] pcm_rate_hz, 16000)")
+    p.add_argument("--channels", dest="pcm_channels", type=int,
+                   help="stdin PCM interleaved channels, mixed to mono (default: 1)")
     p.add_argument("--speed", default="1", help="pace at this many times real time (default 1)")
     p.add_argument("--jitter-ms", type=int, default=0,
                    help="deliver chunks randomly late by up to this many ms")
@@ -83,11 +88,16 @@ def stream_config(args: argparse.Namespace) -> Config:
     if args.input == "-":  # live: it comes at its own pace
         if speed != 1 or args.jitter_ms:
             raise UserError("--speed and --jitter-ms pace a file; stdin (-) is live")
-        source = dataclasses.replace(cfg.source, kind="stdin", path="",
-                                     pcm_format=args.pcm_format or cfg.source.pcm_format)
+        pcm = {k: v for k in ("pcm_format", "pcm_rate_hz", "pcm_channels")
+               if (v := getattr(args, k)) is not None}
+        source = dataclasses.replace(cfg.source, kind="stdin", path="", **pcm)
+        # the same checks and words as subd transcribe -'s
+        PcmSpec(source.pcm_format, source.pcm_rate_hz, source.pcm_channels)
     else:
-        if args.pcm_format:
-            raise UserError("--format is for raw PCM on stdin (-); a file says its own")
+        given = [o for o, k in (("--format", "pcm_format"), ("--rate", "pcm_rate_hz"),
+                                ("--channels", "pcm_channels")) if getattr(args, k) is not None]
+        if given:
+            raise UserError(f"{', '.join(given)}: for raw PCM on stdin (-); a file says its own")
         source = dataclasses.replace(cfg.source, kind="file", path=args.input,
                                      speed=float(speed), jitter_ms=args.jitter_ms, loop=False)
     rec = cfg.recognizer

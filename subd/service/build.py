@@ -51,7 +51,8 @@ def build_source(config: Config, *, seed: int = 0, spec: ChannelSpec | None = No
                                     jitter_ms=src.jitter_ms, chunk_ms=src.chunk_ms,
                                     loops=1_000_000 if src.loop else 1, seed=seed)
     if kind == "stdin":
-        return PcmStreamSource(fmt=src.pcm_format, chunk_ms=src.chunk_ms)
+        return PcmStreamSource(fmt=src.pcm_format, rate_hz=src.pcm_rate_hz,
+                               channels=src.pcm_channels, chunk_ms=src.chunk_ms)
     if kind == "mic":
         return MicSource(src.device, src.chunk_ms)
     if not (token or config.server.push_token):

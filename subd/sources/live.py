@@ -9,6 +9,7 @@ False: the nominal rate is exact); the others are live and their drift is estima
 from __future__ import annotations
 
 import asyncio
+import logging
 import random
 import sys
 import time
@@ -24,6 +25,7 @@ from subd.errors import AudioInputError
 from subd.types import SAMPLE_RATE_HZ, AudioChunk
 
 NS_PER_S = 1_000_000_000
+log = logging.getLogger("subd.sources")
 
 
 def load_audio(path: str | Path) -> np.ndarray:
@@ -126,40 +128,77 @@ class FileSource:
 
 
 class PcmStreamSource:
-    """Raw PCM (s16le or f32le, 16 kHz mono) from a byte stream such as stdin."""
+    """Live raw PCM from a byte stream such as stdin: s16le or f32le, interleaved, at any rate
+    and channel count (16 kHz mono by default), conditioned as ``subd transcribe -`` conditions
+    it (:class:`subd.sources.pcm.Conditioner`): mixed to mono, resampled to 16 kHz, and a NaN or
+    infinite sample replaced by silence and counted (logged when first seen and at the end),
+    not an end of the channel."""
 
     live = True
     pullable = True
 
     def __init__(self, stream: BinaryIO | None = None, *, fmt: str = "s16le",
-                 chunk_ms: int = 20, name: str = "stdin") -> None:
-        if fmt not in ("s16le", "f32le"):
-            raise AudioInputError(f"unknown PCM format {fmt!r} (use s16le or f32le)")
+                 rate_hz: int = SAMPLE_RATE_HZ, channels: int = 1, chunk_ms: int = 20,
+                 name: str = "stdin") -> None:
+        from subd.sources.pcm import PCM_FORMATS, Conditioner, PcmSpec
+
+        self.spec = PcmSpec(fmt=fmt, rate_hz=rate_hz, channels=channels)
         self.stream = stream if stream is not None else sys.stdin.buffer
         self.fmt = fmt
-        self.width = bytes_per_sample(fmt)
-        self.chunk_bytes = max(1, SAMPLE_RATE_HZ * chunk_ms // 1000) * self.width
+        self._dtype = PCM_FORMATS[fmt]
+        self.chunk_bytes = max(1, rate_hz * chunk_ms // 1000) * self.spec.frame_bytes
         self.name = name
+        self.conditioner = Conditioner(name, rate_hz, channels,
+                                       block_samples=max(1, SAMPLE_RATE_HZ * chunk_ms // 1000))
         self._first: np.ndarray | None = None
         self._carry = b""
+        self._ended = False
+
+    def _condition(self, raw: bytes) -> np.ndarray:
+        values = np.frombuffer(raw, dtype=self._dtype).astype(np.float32)
+        if self.fmt == "s16le":
+            values /= np.float32(32768.0)
+        stats = self.conditioner.stats
+        seen = stats.n_nonfinite
+        blocks = list(self.conditioner.push(values.reshape(-1, self.spec.channels)))
+        if stats.n_nonfinite and not seen:
+            log.warning("%s: NaN or infinite samples, played as silence (counted; the total "
+                        "is logged at the end)", self.name)
+        return np.concatenate(blocks) if blocks else np.zeros(0, np.float32)
 
     async def _read(self) -> np.ndarray | None:
+        """The next conditioned samples (maybe none yet: the resampler holds some back);
+        None at the end of the stream, after the conditioner's last samples."""
+        if self._ended:
+            return None
         loop = asyncio.get_running_loop()
         raw = await loop.run_in_executor(None, self.stream.read, self.chunk_bytes)
         if not raw:
-            return None
+            self._ended = True
+            if self._carry:
+                log.warning("%s: dropped %d trailing bytes (an incomplete frame)", self.name,
+                            len(self._carry))
+            if self.conditioner.stats.n_input_frames == 0:
+                return None
+            try:
+                rest = list(self.conditioner.finish())  # logs what it replaced or clipped
+            except AudioInputError as exc:  # every sample was NaN: said, and the stream ends
+                log.warning("%s", exc)
+                rest = []
+            return np.concatenate(rest) if rest else None
         raw = self._carry + raw
-        cut = len(raw) - len(raw) % self.width
+        cut = len(raw) - len(raw) % self.spec.frame_bytes
         self._carry = raw[cut:]
-        return pcm_to_float(raw[:cut], self.fmt)
+        return self._condition(raw[:cut])
 
     async def start(self, clock: Clock) -> int:
         first = await self._read()
-        if first is None or first.shape[0] == 0:
+        frames = self.conditioner.stats.n_input_frames
+        if first is None or frames == 0:
             raise AudioInputError(f"{self.name}: no PCM data")
         self._first = first
-        # the first chunk arrived when its last sample was captured
-        return clock.now_ns() - first.shape[0] * NS_PER_S // SAMPLE_RATE_HZ
+        # the first read arrived when its last frame was captured
+        return clock.now_ns() - frames * NS_PER_S // self.spec.rate_hz
 
     async def chunks(self) -> AsyncIterator[AudioChunk]:
         pos = 0
