@@ -189,6 +189,56 @@ def test_microphone_names_the_inputs_when_the_device_does_not_match(monkeypatch)
         asyncio.run(main())
 
 
+def test_a_microphone_that_takes_no_16_khz_mono_is_opened_at_its_own_rate_and_resampled(
+        monkeypatch):
+    """An ALSA hardware device of a studio interface: 48 kHz stereo only."""
+    opened = {}
+
+    class PyAudio:
+        def get_device_count(self):
+            return 1
+
+        def get_device_info_by_index(self, i):
+            return {"name": "Studio hw:1,0", "maxInputChannels": 2, "defaultSampleRate": 48000.0}
+
+        def is_format_supported(self, rate, input_device, input_channels, input_format):
+            if (rate, input_channels) != (48000, 2):
+                raise ValueError("Invalid sample rate")  # as PyAudio says it
+            return True
+
+        def open(self, stream_callback, **kwargs):
+            opened.update(kwargs, callback=stream_callback)
+            return types.SimpleNamespace(stop_stream=lambda: None, close=lambda: None)
+
+        def terminate(self):
+            pass
+
+    monkeypatch.setitem(sys.modules, "pyaudio",
+                        types.SimpleNamespace(PyAudio=PyAudio, paInt16=8, paContinue=0))
+    t = np.arange(48_000) / 48_000  # 1 s of 440 Hz on the left channel, the right silent
+    left = (np.sin(2 * np.pi * 440 * t) * 0.5 * 32767).astype(np.int16)
+    frames = np.stack([left, np.zeros_like(left)], axis=1)
+
+    async def main():
+        mic = MicSource(device="Studio")
+        mic.open()
+        for i in range(0, 48_000, 960):  # PortAudio's 20 ms buffers
+            opened["callback"](frames[i:i + 960].tobytes(), 960, None, 0)
+        await asyncio.sleep(0)
+        mic.end()
+        await mic.start(FakeClock())
+        return mic, [chunk async for chunk in mic.chunks()]
+
+    mic, chunks = asyncio.run(main())
+    assert (opened["rate"], opened["channels"], opened["frames_per_buffer"]) == (48000, 2, 960)
+    assert (mic.rate_hz, mic.channels) == (48000, 2)
+    samples = np.concatenate([c.samples for c in chunks])
+    assert 15_000 < samples.shape[0] <= 16_000  # 16 kHz (the resampler holds its last few)
+    assert 0.23 < np.abs(samples[2000:14000]).max() < 0.26  # the two channels mixed
+    spectrum = np.abs(np.fft.rfft(samples[:15_000]))
+    assert abs(spectrum.argmax() * 16_000 / 15_000 - 440) < 2
+
+
 def test_http_push_needs_the_token_and_delivers_chunks_in_order():
     async def main():
         source = QueueSource("push")

@@ -263,12 +263,17 @@ class QueueSource:
 
 
 class MicSource(QueueSource):
-    """A microphone through PyAudio (extra ``mic``). Opened by ``open()``; errors are one line."""
+    """A microphone through PyAudio (extra ``mic``). Opened by ``open()``; errors are one line.
+
+    Opened at 16 kHz mono where the device takes it; a device that does not (an ALSA hardware
+    device of a USB or studio interface: 44.1 or 48 kHz, often stereo only) is opened at its
+    own default rate and up to 2 channels, mixed to mono and resampled here."""
 
     def __init__(self, device: str = "", chunk_ms: int = 20) -> None:
         super().__init__("microphone")
         self.device = device
-        self.chunk_frames = max(1, SAMPLE_RATE_HZ * chunk_ms // 1000)
+        self.chunk_ms = chunk_ms
+        self.rate_hz, self.channels = SAMPLE_RATE_HZ, 1  # as opened
         self._pa: Any = None
         self._stream: Any = None
 
@@ -304,28 +309,63 @@ class MicSource(QueueSource):
         names = "; ".join(f"{i}: {n}" for i, n in inputs)
         raise AudioInputError(f"no input device matches {want!r} (inputs: {names})")
 
+    @staticmethod
+    def _format(pa: Any, pyaudio: Any, index: int) -> tuple[int, int]:
+        """(rate, channels) to open device ``index`` at: 16 kHz mono if it takes that, else its
+        default rate (or 48 / 44.1 kHz) with 1 or up to 2 channels."""
+        supported = getattr(pa, "is_format_supported", None)
+        if supported is None:  # nothing to ask: PortAudio says at open
+            return SAMPLE_RATE_HZ, 1
+        info = pa.get_device_info_by_index(index)
+        channels = max(1, min(2, int(info.get("maxInputChannels", 1))))
+        rates = [SAMPLE_RATE_HZ, int(float(info.get("defaultSampleRate") or 0)), 48_000, 44_100]
+        for rate in dict.fromkeys(r for r in rates if r > 0):
+            for ch in dict.fromkeys((1, channels)):
+                try:
+                    if supported(rate, input_device=index, input_channels=ch,
+                                 input_format=pyaudio.paInt16):
+                        return rate, ch
+                except ValueError:  # PyAudio's "not supported"
+                    continue
+        return SAMPLE_RATE_HZ, 1  # PortAudio's error at open says why
+
     def open(self) -> None:
         pyaudio = self._pyaudio()
         loop = asyncio.get_running_loop()
         self._pa = pa = pyaudio.PyAudio()
         try:
             index = self._find_device(pa)
+            rate, channels = self.rate_hz, self.channels = self._format(pa, pyaudio, index)
+            resampler = None
+            if rate != SAMPLE_RATE_HZ:
+                import soxr
+
+                resampler = soxr.ResampleStream(rate, SAMPLE_RATE_HZ, 1, dtype="float32")
+            if (rate, channels) != (SAMPLE_RATE_HZ, 1):
+                log.info("microphone: the device takes no 16 kHz mono; opened at %d Hz, %d "
+                         "channel(s), mixed and resampled here", rate, channels)
 
             def callback(in_data: bytes, frame_count: int, time_info: Any, status: int):
                 samples = pcm_to_float(in_data, "s16le")
-                loop.call_soon_threadsafe(self.push, samples)
+                if channels > 1:
+                    samples = samples.reshape(-1, channels).mean(axis=1, dtype=np.float32)
+                if resampler is not None:
+                    samples = resampler.resample_chunk(samples)
+                if samples.shape[0]:
+                    loop.call_soon_threadsafe(self.push, samples)
                 return (None, pyaudio.paContinue)
 
-            self._stream = pa.open(format=pyaudio.paInt16, channels=1, rate=SAMPLE_RATE_HZ,
+            self._stream = pa.open(format=pyaudio.paInt16, channels=channels, rate=rate,
                                    input=True, input_device_index=index,
-                                   frames_per_buffer=self.chunk_frames,
+                                   frames_per_buffer=max(1, rate * self.chunk_ms // 1000),
                                    stream_callback=callback)
         except AudioInputError:
             self._close_device()  # the stream itself stays open: a reopen may follow
             raise
         except Exception as exc:  # noqa: BLE001 - PortAudio errors come as OSError/IOError
             self._close_device()
-            raise AudioInputError(f"cannot open microphone at 16 kHz mono: {exc}") from None
+            raise AudioInputError(f"cannot open microphone at {self.rate_hz} Hz, "
+                                  f"{self.channels} channel(s): {exc}") from None
 
     def reopen(self) -> None:
         """The device went quiet (unplugged?): drop the stream and PortAudio's device list (a
