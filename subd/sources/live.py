@@ -155,12 +155,11 @@ class PcmStreamSource:
         self._ended = False
 
     def _condition(self, raw: bytes) -> np.ndarray:
-        values = np.frombuffer(raw, dtype=self._dtype).astype(np.float32)
-        if self.fmt == "s16le":
-            values /= np.float32(32768.0)
+        from subd.sources.pcm import push_pcm_bytes
+
         stats = self.conditioner.stats
         seen = stats.n_nonfinite
-        blocks = list(self.conditioner.push(values.reshape(-1, self.spec.channels)))
+        blocks = list(push_pcm_bytes(self.conditioner, raw, len(raw), self._dtype, self.spec))
         if stats.n_nonfinite and not seen:
             log.warning("%s: NaN or infinite samples, played as silence (counted; the total "
                         "is logged at the end)", self.name)

@@ -268,12 +268,12 @@ def iter_pcm_blocks(
         pending += data
         if len(pending) < want_bytes:
             continue  # short read: keep collecting until a full read or end of stream
-        yield from _push_bytes(cond, pending, want_bytes, dtype, spec)
+        yield from push_pcm_bytes(cond, pending, want_bytes, dtype, spec)
         pending.clear()
     if not cond.done:
         n_whole = len(pending) // spec.frame_bytes * spec.frame_bytes
         if n_whole:
-            yield from _push_bytes(cond, pending, n_whole, dtype, spec)
+            yield from push_pcm_bytes(cond, pending, n_whole, dtype, spec)
         n_left = len(pending) - n_whole
         if n_left:
             cond.stats.n_dropped_bytes += n_left
@@ -287,9 +287,10 @@ def iter_pcm_blocks(
     yield from cond.finish()
 
 
-def _push_bytes(
-    cond: Conditioner, pending: bytearray, n_bytes: int, dtype: np.dtype, spec: PcmSpec
+def push_pcm_bytes(
+    cond: Conditioner, pending: bytes | bytearray, n_bytes: int, dtype: np.dtype, spec: PcmSpec
 ) -> Iterator[np.ndarray]:
+    """The first ``n_bytes`` of ``pending`` (whole frames of ``spec``) through ``cond``."""
     values = np.frombuffer(bytes(pending[:n_bytes]), dtype=dtype)
     if spec.fmt == "s16le":
         samples = values.astype(np.float32) / np.float32(32768.0)
