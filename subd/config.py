@@ -76,8 +76,8 @@ class SourceConfig:
     device: str = ""  # microphone: index or name substring; "" = no microphone configured
     chunk_ms: int = field(default=20, metadata=rng(1, 2000))
     pcm_format: str = field(default="s16le", metadata=choice("s16le", "f32le"))
-    # stdin: its PCM's rate and interleaved channels (mixed to mono, resampled to 16 kHz);
-    # HTTP push chunks are 16 kHz mono
+    # stdin / HTTP push: the PCM's rate and interleaved channels (mixed to mono, resampled to
+    # 16 kHz; a push may say its own with ?rate= and ?channels=)
     pcm_rate_hz: int = field(default=16_000, metadata=rng(1_000, 384_000))
     pcm_channels: int = field(default=1, metadata=rng(1, 64))
     quiet_after_ms: int = field(default=3000, metadata=rng(100, 600_000))  # live: no audio

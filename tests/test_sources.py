@@ -262,3 +262,37 @@ def test_http_push_needs_the_token_and_delivers_chunks_in_order():
     t0, chunks = asyncio.run(main())
     assert [c.start_sample for c in chunks] == [0, 100]
     np.testing.assert_allclose(chunks[1].samples * 32768, np.arange(100))
+
+
+def test_http_push_says_its_rate_and_channels_and_is_resampled_across_chunks():
+    t = np.arange(48_000) / 48_000  # 1 s of 440 Hz at 48 kHz on the left, the right silent
+    left = (np.sin(2 * np.pi * 440 * t) * 0.5 * 32767).astype(np.int16)
+    frames = np.stack([left, np.zeros_like(left)], axis=1)
+
+    async def main():
+        source = QueueSource("push")
+        app = web.Application()
+        # the configured default is 16 kHz mono: each request says otherwise
+        app.router.add_post("/push", make_push_handler(source, max_bytes=1 << 16))
+        async with TestClient(TestServer(app)) as client:
+            for q, status, said in [("rate=5", 400, "bad ?rate 5"),
+                                    ("channels=0", 400, "bad ?channels 0"),
+                                    ("format=mp3", 400, "bad ?format 'mp3'")]:
+                resp = await client.post(f"/push?{q}", data=b"\x00" * 4)
+                assert (resp.status, said in (await resp.json())["error"]) == (status, True)
+            resp = await client.post("/push?channels=2", data=b"\x00" * 6)  # 1.5 frames
+            assert resp.status == 400 and "whole frames" in (await resp.json())["error"]
+            for i in range(0, 48_000, 960):  # 20 ms chunks
+                resp = await client.post("/push?rate=48000&channels=2&end="
+                                         + ("1" if i + 960 >= 48_000 else "0"),
+                                         data=frames[i:i + 960].tobytes())
+                assert resp.status == 204
+        await source.start(FakeClock())
+        return [c async for c in source.chunks()]
+
+    chunks = asyncio.run(main())
+    samples = np.concatenate([c.samples for c in chunks])
+    assert 15_000 < samples.shape[0] <= 16_000  # 16 kHz, one resampler across the chunks
+    assert 0.23 < np.abs(samples[2000:14000]).max() < 0.26  # mixed: half the left's 0.5
+    spectrum = np.abs(np.fft.rfft(samples[:15_000]))
+    assert abs(spectrum.argmax() * 16_000 / 15_000 - 440) < 2

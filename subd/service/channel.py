@@ -177,7 +177,10 @@ class DaemonChannel(ChannelReload):
         self._started_ns = time.monotonic_ns()
         self.source = source = await self._build_source()
         if isinstance(source.inner, QueueSource) and not hasattr(source.inner, "open"):
-            self.push_handler = make_push_handler(source.inner, fmt=spec.source.pcm_format)
+            src = spec.source
+            self.push_handler = make_push_handler(source.inner, fmt=src.pcm_format,
+                                                  rate_hz=src.pcm_rate_hz,
+                                                  channels=src.pcm_channels)
         async with AsyncExitStack() as stack:
             stack.callback(setattr, self, "push_handler", None)
             history = AudioHistory(cfg.recognizer.history_s * SAMPLE_RATE_HZ,

@@ -64,10 +64,6 @@ def pcm_to_float(raw: bytes, fmt: str) -> np.ndarray:
     raise AudioInputError(f"unknown PCM format {fmt!r} (use s16le or f32le)")
 
 
-def bytes_per_sample(fmt: str) -> int:
-    return 2 if fmt == "s16le" else 4
-
-
 class FileSource:
     """A file delivered in ``chunk_ms`` chunks at ``speed``× real time; each chunk arrives up
     to ``jitter_ms`` late (random, order kept). ``speed=None`` delivers as fast as the pipeline
@@ -394,33 +390,56 @@ class MicSource(QueueSource):
 
 
 def make_push_handler(source: QueueSource, *, token: str = "", fmt: str = "s16le",
+                      rate_hz: int = SAMPLE_RATE_HZ, channels: int = 1,
                       max_bytes: int = 1 << 20) -> Callable[[Any], Awaitable[Any]]:
-    """An aiohttp handler for ``POST /push``: the body is raw PCM (16 kHz mono, ``?format=``
-    s16le or f32le); ``?end=1`` ends the stream. Bearer token required when ``token`` is set."""
+    """An aiohttp handler for ``POST /push``: the body is raw interleaved PCM, ``?format=``
+    s16le or f32le, ``?rate=`` and ``?channels=`` (defaults: ``fmt``, ``rate_hz``,
+    ``channels``), mixed to mono and resampled to 16 kHz here; ``?end=1`` ends the stream.
+    Bearer token required when ``token`` is set. A chunk with a NaN sample is refused (400)."""
     from aiohttp import web
+
+    from subd.sources.pcm import PcmSpec
+
+    resamplers: dict[int, Any] = {}  # by input rate: each keeps its filter state across chunks
+
+    def error(text: str, status: int = 400) -> web.Response:
+        return web.json_response({"error": text}, status=status)
 
     async def handler(request: web.Request) -> web.StreamResponse:
         if token and request.headers.get("Authorization", "") != f"Bearer {token}":
-            return web.json_response({"error": "missing or wrong bearer token"}, status=401)
+            return error("missing or wrong bearer token", 401)
         if request.content_length is not None and request.content_length > max_bytes:
-            return web.json_response({"error": f"chunk over {max_bytes} bytes"}, status=413)
+            return error(f"chunk over {max_bytes} bytes", 413)
         if source.ended:
-            return web.json_response({"error": "stream already ended"}, status=410)
-        chunk_fmt = request.query.get("format", fmt)
-        if chunk_fmt not in ("s16le", "f32le"):
-            return web.json_response({"error": "format must be s16le or f32le"}, status=400)
+            return error("stream already ended", 410)
+        query = request.query
+        try:
+            spec = PcmSpec.parse(query.get("format", fmt), query.get("rate", rate_hz),
+                                 query.get("channels", channels))
+        except AudioInputError as exc:  # "bad --rate ...": named as the query says it
+            return error(str(exc).replace("bad --", "bad ?"))
         raw = await request.content.read(max_bytes + 1)
         if len(raw) > max_bytes:
-            return web.json_response({"error": f"chunk over {max_bytes} bytes"}, status=413)
-        if len(raw) % bytes_per_sample(chunk_fmt):
-            return web.json_response({"error": "body is not whole samples"}, status=400)
+            return error(f"chunk over {max_bytes} bytes", 413)
+        if len(raw) % spec.frame_bytes:
+            return error("body is not whole frames" if spec.channels > 1
+                         else "body is not whole samples")
         try:
-            samples = pcm_to_float(raw, chunk_fmt)
+            samples = pcm_to_float(raw, spec.fmt)
         except AudioInputError as exc:
-            return web.json_response({"error": str(exc)}, status=400)
+            return error(str(exc))
+        if spec.channels > 1:
+            samples = samples.reshape(-1, spec.channels).mean(axis=1, dtype=np.float32)
+        if spec.rate_hz != SAMPLE_RATE_HZ:
+            if spec.rate_hz not in resamplers:
+                import soxr
+
+                resamplers[spec.rate_hz] = soxr.ResampleStream(spec.rate_hz, SAMPLE_RATE_HZ, 1,
+                                                               dtype="float32")
+            samples = resamplers[spec.rate_hz].resample_chunk(samples)
         if samples.shape[0] and not source.push(samples):
-            return web.json_response({"error": "ingest queue full"}, status=503)
-        if request.query.get("end") in ("1", "true"):
+            return error("ingest queue full", 503)
+        if query.get("end") in ("1", "true"):
             source.end()
         return web.Response(status=204)
 
