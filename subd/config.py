@@ -1,15 +1,12 @@
 """Typed configuration: config.toml -> frozen per-section dataclasses, validated at load time.
 
-Each section is a frozen dataclass whose fields carry their allowed range in metadata
-(:func:`rng`, :func:`choice`). A bad key or value raises :class:`ConfigError` naming the
-section, the key and what is allowed, so the daemon never starts on a bad file.
-
-Other modules add their own sections in one of two ways:
-
-* ``@register_section("sse")`` on their dataclass: validated by :func:`load_config` whenever
-  the module was imported before loading;
-* or ``config.section("sse", SseConfig)`` at use time: the raw table is kept, and validated with
-  the same rules on first access (so unknown-at-load sections never break the daemon's core).
+Each section's fields carry their allowed range in metadata (:func:`rng`, :func:`choice`); a bad
+key or value raises :class:`ConfigError` naming the section, the key and what is allowed, so the
+daemon never starts on a bad file. Other modules add their own sections with
+``@register_section("sse")`` on their dataclass (validated by :func:`load_config` whenever the
+module was imported before loading), or with ``config.section("sse", SseConfig)`` at use time
+(the raw table is kept and validated with the same rules on first access, so sections unknown at
+load time never break the daemon's core).
 """
 
 from __future__ import annotations
@@ -76,8 +73,7 @@ class SourceConfig:
     device: str = ""  # microphone: index or name substring; "" = no microphone configured
     chunk_ms: int = field(default=20, metadata=rng(1, 2000))
     pcm_format: str = field(default="s16le", metadata=choice("s16le", "f32le"))
-    # stdin / HTTP push: the PCM's rate and interleaved channels (mixed to mono, resampled to
-    # 16 kHz; a push may say its own with ?rate= and ?channels=)
+    # stdin / HTTP push PCM's rate and channels (a push may say its own: ?rate=, ?channels=)
     pcm_rate_hz: int = field(default=16_000, metadata=rng(1_000, 384_000))
     pcm_channels: int = field(default=1, metadata=rng(1, 64))
     quiet_after_ms: int = field(default=3000, metadata=rng(100, 600_000))  # live: no audio

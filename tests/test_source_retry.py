@@ -13,7 +13,7 @@ import pytest
 
 from subd.clock import FakeClock
 from subd.errors import AudioInputError
-from subd.sources.live import MicSource
+from subd.sources.mic import MicSource
 from subd.sources.retry import RetryBackoff
 
 S = 1_000_000_000

@@ -39,7 +39,8 @@ def build_source(config: Config, *, seed: int = 0, spec: ChannelSpec | None = No
                  token: str | None = None) -> Source:
     from fractions import Fraction
 
-    from subd.sources.live import FileSource, MicSource, PcmStreamSource, QueueSource
+    from subd.sources.live import FileSource, PcmStreamSource, QueueSource
+    from subd.sources.mic import MicSource
 
     src = (spec or config.channel_specs()[0]).source
     kind = src.kind

@@ -167,7 +167,8 @@ class DaemonChannel(ChannelReload):
         from subd.pipeline.cadence import update_cadence_ms
         from subd.pipeline.scheduler import TickSettings
         from subd.service.metrics import OpsObserver
-        from subd.sources.live import QueueSource, make_push_handler
+        from subd.sources.live import QueueSource
+        from subd.sources.push import make_push_handler
         from subd.types import SAMPLE_RATE_HZ
         from subd.workers.hosts import TagHost
         from subd.workers.process import InlineWorker

@@ -1,0 +1,69 @@
+"""HTTP push: ``POST /push`` hands raw PCM chunks to a :class:`QueueSource`."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import numpy as np
+
+from subd.errors import AudioInputError
+from subd.sources.live import QueueSource, pcm_to_float
+from subd.types import SAMPLE_RATE_HZ
+
+
+def make_push_handler(source: QueueSource, *, token: str = "", fmt: str = "s16le",
+                      rate_hz: int = SAMPLE_RATE_HZ, channels: int = 1,
+                      max_bytes: int = 1 << 20) -> Callable[[Any], Awaitable[Any]]:
+    """An aiohttp handler for ``POST /push``: the body is raw interleaved PCM, ``?format=``
+    s16le or f32le, ``?rate=`` and ``?channels=`` (defaults: ``fmt``, ``rate_hz``,
+    ``channels``), mixed to mono and resampled to 16 kHz here; ``?end=1`` ends the stream.
+    Bearer token required when ``token`` is set. A chunk with a NaN sample is refused (400)."""
+    from aiohttp import web
+
+    from subd.sources.pcm import PcmSpec
+
+    resamplers: dict[int, Any] = {}  # by input rate: each keeps its filter state across chunks
+
+    def error(text: str, status: int = 400) -> web.Response:
+        return web.json_response({"error": text}, status=status)
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        if token and request.headers.get("Authorization", "") != f"Bearer {token}":
+            return error("missing or wrong bearer token", 401)
+        if request.content_length is not None and request.content_length > max_bytes:
+            return error(f"chunk over {max_bytes} bytes", 413)
+        if source.ended:
+            return error("stream already ended", 410)
+        query = request.query
+        try:
+            spec = PcmSpec.parse(query.get("format", fmt), query.get("rate", rate_hz),
+                                 query.get("channels", channels))
+        except AudioInputError as exc:  # "bad --rate ...": named as the query says it
+            return error(str(exc).replace("bad --", "bad ?"))
+        raw = await request.content.read(max_bytes + 1)
+        if len(raw) > max_bytes:
+            return error(f"chunk over {max_bytes} bytes", 413)
+        if len(raw) % spec.frame_bytes:
+            return error("body is not whole frames" if spec.channels > 1
+                         else "body is not whole samples")
+        try:
+            samples = pcm_to_float(raw, spec.fmt)
+        except AudioInputError as exc:
+            return error(str(exc))
+        if spec.channels > 1:
+            samples = samples.reshape(-1, spec.channels).mean(axis=1, dtype=np.float32)
+        if spec.rate_hz != SAMPLE_RATE_HZ:
+            if spec.rate_hz not in resamplers:
+                import soxr
+
+                resamplers[spec.rate_hz] = soxr.ResampleStream(spec.rate_hz, SAMPLE_RATE_HZ, 1,
+                                                               dtype="float32")
+            samples = resamplers[spec.rate_hz].resample_chunk(samples)
+        if samples.shape[0] and not source.push(samples):
+            return error("ingest queue full", 503)
+        if query.get("end") in ("1", "true"):
+            source.end()
+        return web.Response(status=204)
+
+    return handler
