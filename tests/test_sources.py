@@ -16,7 +16,8 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from subd.clock import FakeClock
 from subd.errors import AudioInputError
-from subd.sources.live import FileSource, PcmStreamSource, QueueSource, load_audio
+from subd.sources.decode import load_audio
+from subd.sources.live import FileSource, PcmStreamSource, QueueSource
 from subd.sources.mic import MicSource
 from subd.sources.push import make_push_handler
 from subd.types import SAMPLE_RATE_HZ

@@ -67,7 +67,7 @@ def joined_clips(gap_s: float = 0.75) -> tuple[np.ndarray, str]:
     """Every LibriVox test clip, one after another with ``gap_s`` of silence: 28.5 s of
     speech (71 words), so p99 of the publish error is over ~850 ticks and one word moves
     the WER by 1.4 points, not 4.5 as on one clip."""
-    from subd.sources.live import load_audio
+    from subd.sources.decode import load_audio
 
     parts, texts = [], []
     for path, text in librivox_clips():
@@ -288,7 +288,7 @@ def _report(name: str, res: dict, obs: Observed, ref: list[str]) -> dict:
 
 
 def run(args: argparse.Namespace) -> int:
-    from subd.sources.live import load_audio
+    from subd.sources.decode import load_audio
 
     if args.clip:
         clip = Path(args.clip)

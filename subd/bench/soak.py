@@ -203,7 +203,7 @@ def gpu_mb(pid: int) -> float:
 
 def run(args: argparse.Namespace) -> int:
     from subd.bench.realtime import default_clip
-    from subd.sources.live import load_audio
+    from subd.sources.decode import load_audio
 
     if args.minutes < 3:
         raise UserError("--minutes must be at least 3 (the first mark is at minute 2)")

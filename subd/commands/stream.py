@@ -29,7 +29,8 @@ def parse_host_port(text: str) -> tuple[str, int]:
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("stream", help="run the live pipeline on an audio file")
-    p.add_argument("input", help="audio file (WAV/FLAC/OGG), or - for live raw PCM on stdin "
+    p.add_argument("input", help="audio or video file (WAV/FLAC/OGG by libsndfile, anything "
+                   "else through ffmpeg), or - for live raw PCM on stdin "
                    "(--format, --rate, --channels), e.g. from ffmpeg -re ... -f s16le -")
     p.add_argument("--format", dest="pcm_format", choices=("s16le", "f32le"),
                    help="stdin PCM sample format (default: [source] pcm_format, s16le)")

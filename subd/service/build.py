@@ -168,7 +168,8 @@ class GuardedSource:
     async def _next_pass(self, offset: int) -> Any:
         import numpy as np
 
-        from subd.sources.live import NS_PER_S, FileSource, load_audio
+        from subd.sources.decode import load_audio
+        from subd.sources.live import NS_PER_S, FileSource
         from subd.types import SAMPLE_RATE_HZ
 
         inner = self.inner

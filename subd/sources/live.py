@@ -29,31 +29,6 @@ NS_PER_S = 1_000_000_000
 log = logging.getLogger("subd.sources")
 
 
-def load_audio(path: str | Path) -> np.ndarray:
-    """Any soundfile-readable file -> float32 mono 16 kHz. One-line AudioInputError otherwise."""
-    import soundfile as sf
-
-    p = Path(path)
-    if not p.exists():
-        raise AudioInputError(f"{p}: no such file")
-    if p.is_dir():
-        raise AudioInputError(f"{p}: is a directory, not an audio file")
-    try:
-        data, rate_hz = sf.read(str(p), dtype="float32", always_2d=True)
-    except (sf.LibsndfileError, RuntimeError, TypeError, ValueError) as exc:
-        raise AudioInputError(f"{p}: cannot read audio ({exc})") from None
-    if data.shape[0] == 0:
-        raise AudioInputError(f"{p}: holds no audio samples")
-    mono = data.mean(axis=1, dtype=np.float32) if data.shape[1] > 1 else data[:, 0]
-    if rate_hz != SAMPLE_RATE_HZ:
-        import soxr
-
-        mono = soxr.resample(mono, rate_hz, SAMPLE_RATE_HZ, quality="HQ").astype(np.float32)
-    if not np.all(np.isfinite(mono)):
-        raise AudioInputError(f"{p}: contains NaN or infinite samples")
-    return np.ascontiguousarray(mono, dtype=np.float32)
-
-
 def pcm_to_float(raw: bytes, fmt: str) -> np.ndarray:
     if fmt == "s16le":
         return np.frombuffer(raw, dtype="<i2").astype(np.float32) / 32768.0
@@ -90,6 +65,8 @@ class FileSource:
 
     @classmethod
     def from_path(cls, path: str | Path, **kwargs: Any) -> FileSource:
+        from subd.sources.decode import load_audio  # libsndfile, else ffmpeg: any format
+
         return cls(load_audio(path), name=str(path), **kwargs)
 
     @property
