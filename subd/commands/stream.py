@@ -28,7 +28,8 @@ def parse_host_port(text: str) -> tuple[str, int]:
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser("stream", help="run the live pipeline on a file or on live PCM from stdin")
+    p = subparsers.add_parser("stream", help="run the live pipeline on a file or on live PCM "
+                              "from stdin")
     p.add_argument("input", help="audio or video file (WAV/FLAC/OGG by libsndfile, anything "
                    "else through ffmpeg), or - for live raw PCM on stdin "
                    "(--format, --rate, --channels), e.g. from ffmpeg -re ... -f s16le -")
