@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import io
+import os
 import sys
 import types
 from fractions import Fraction
@@ -131,6 +132,29 @@ def test_stdin_pcm_source_plays_nan_as_silence_and_goes_on(caplog):
     assert np.all(samples[500:600] == 0) and samples[700] == 0 and samples[800] == 0.25
     assert src.conditioner.stats.n_nonfinite == 101
     assert "NaN or infinite samples, played as silence" in caplog.text
+
+
+def test_audio_waiting_in_the_pipe_at_the_start_was_captured_before_it(tmp_path):
+    """A live producer (ffmpeg, a capture) writes into the pipe while the daemon loads its
+    models: that audio is as old as the pipe's backlog, and the timeline says so."""
+    r, w = os.pipe()
+    os.write(w, np.zeros(16_000, dtype="<i2").tobytes())  # 1 s, written before the start
+
+    async def main(pipe):
+        src = PcmStreamSource(pipe, fmt="s16le", chunk_ms=20)
+        t0 = await src.start(FakeClock(start_ns=10**10))
+        os.close(w)
+        return t0, [c async for c in src.chunks()]
+
+    with os.fdopen(r, "rb") as pipe:
+        t0, chunks = asyncio.run(main(pipe))
+    assert t0 == 10**10 - 1000 * MS  # the first 20 ms read and the 980 ms behind it
+    assert sum(c.n_samples for c in chunks) == 16_000
+    path = tmp_path / "pcm.raw"  # a file redirected to stdin is not live: nothing "waits"
+    path.write_bytes(np.zeros(16_000, dtype="<i2").tobytes())
+    with open(path, "rb") as f:
+        t0, _ = _read_all(PcmStreamSource(f, fmt="s16le", chunk_ms=20))
+    assert t0 == 10**9 - 20 * MS
 
 
 def test_empty_stdin_is_a_clear_error():

@@ -101,6 +101,24 @@ class FileSource:
                 yield AudioChunk(start_sample=start, samples=self.audio[a:b])
 
 
+def piped_bytes_waiting(stream: Any) -> int:
+    """Bytes written into ``stream``'s pipe or socket and not read yet (0 for a file, a
+    terminal or a stream without a descriptor: only a pipe's content is live)."""
+    import fcntl
+    import os
+    import stat
+    import termios
+
+    try:
+        fd = stream.fileno()
+        if not (stat.S_ISFIFO(os.fstat(fd).st_mode) or stat.S_ISSOCK(os.fstat(fd).st_mode)):
+            return 0
+        waiting = int.from_bytes(fcntl.ioctl(fd, termios.FIONREAD, b"\0" * 4), "little")
+    except (AttributeError, OSError, ValueError):
+        return 0
+    return waiting
+
+
 class PcmStreamSource:
     """Live raw PCM from a byte stream such as stdin: s16le or f32le, interleaved, at any rate
     and channel count (16 kHz mono by default), conditioned as ``subd transcribe -`` conditions
@@ -117,7 +135,11 @@ class PcmStreamSource:
         from subd.sources.pcm import PCM_FORMATS, Conditioner, PcmSpec
 
         self.spec = PcmSpec(fmt=fmt, rate_hz=rate_hz, channels=channels)
-        self.stream = stream if stream is not None else sys.stdin.buffer
+        stream = stream if stream is not None else sys.stdin.buffer
+        # unbuffered: a read returns what has come (a live pipe's short reads), and what waits
+        # in the pipe is all that waits (piped_bytes_waiting)
+        self.stream = getattr(stream, "raw", stream)
+        self._buffered = stream  # kept: collected, it would close the raw stream under us
         self.fmt = fmt
         self._dtype = PCM_FORMATS[fmt]
         self.chunk_bytes = max(1, rate_hz * chunk_ms // 1000) * self.spec.frame_bytes
@@ -170,8 +192,13 @@ class PcmStreamSource:
         if first is None or frames == 0:
             raise AudioInputError(f"{self.name}: no PCM data")
         self._first = first
-        # the first read arrived when its last frame was captured
-        return clock.now_ns() - frames * NS_PER_S // self.spec.rate_hz
+        # the first read arrived when its last frame was captured, and so did the frames still
+        # waiting in the pipe behind it: what a live producer wrote while the daemon started
+        backlog = piped_bytes_waiting(self.stream) // self.spec.frame_bytes
+        if backlog * NS_PER_S // self.spec.rate_hz >= 100_000_000:
+            log.info("%s: %.1f s of audio waited in the pipe at the start: its captions are "
+                     "due D after it was written", self.name, backlog / self.spec.rate_hz)
+        return clock.now_ns() - (frames + backlog) * NS_PER_S // self.spec.rate_hz
 
     async def chunks(self) -> AsyncIterator[AudioChunk]:
         pos = 0
