@@ -259,11 +259,14 @@ def test_a_microphone_that_takes_no_16_khz_mono_is_opened_at_its_own_rate_and_re
     assert abs(spectrum.argmax() * 16_000 / 15_000 - 440) < 2
 
 
-def test_http_push_needs_the_token_and_delivers_chunks_in_order():
+def test_http_push_needs_the_token_and_delivers_chunks_in_order(caplog):
+    refused = []
+
     async def main():
         source = QueueSource("push")
         app = web.Application()
-        app.router.add_post("/push", make_push_handler(source, token="s3cret", max_bytes=4096))
+        app.router.add_post("/push", make_push_handler(source, token="s3cret", max_bytes=4096,
+                                                       on_reject=refused.append))
         async with TestClient(TestServer(app)) as client:
             auth = {"Authorization": "Bearer s3cret"}
             pcm = np.arange(100, dtype=np.int16).tobytes()
@@ -282,6 +285,9 @@ def test_http_push_needs_the_token_and_delivers_chunks_in_order():
     t0, chunks = asyncio.run(main())
     assert [c.start_sample for c in chunks] == [0, 100]
     np.testing.assert_allclose(chunks[1].samples * 32768, np.arange(100))
+    # every refusal counted and logged, by its reason
+    assert refused == ["push_token", "push_bad_audio", "push_too_large", "push_ended"]
+    assert caplog.text.count("refused audio push to push:") == 4
 
 
 def test_http_push_says_its_rate_and_channels_and_is_resampled_across_chunks():

@@ -179,9 +179,10 @@ class DaemonChannel(ChannelReload):
         self.source = source = await self._build_source()
         if isinstance(source.inner, QueueSource) and not hasattr(source.inner, "open"):
             src = spec.source
-            self.push_handler = make_push_handler(source.inner, fmt=src.pcm_format,
-                                                  rate_hz=src.pcm_rate_hz,
-                                                  channels=src.pcm_channels)
+            rejected = d.metrics.http_rejected  # beside the HTTP layer's own refusals
+            self.push_handler = make_push_handler(
+                source.inner, fmt=src.pcm_format, rate_hz=src.pcm_rate_hz,
+                channels=src.pcm_channels, on_reject=lambda r: rejected.labels(r).inc())
         async with AsyncExitStack() as stack:
             stack.callback(setattr, self, "push_handler", None)
             history = AudioHistory(cfg.recognizer.history_s * SAMPLE_RATE_HZ,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -11,14 +12,23 @@ from subd.errors import AudioInputError
 from subd.sources.live import QueueSource, pcm_to_float
 from subd.types import SAMPLE_RATE_HZ
 
+log = logging.getLogger("subd.sources")
+
+
+_REASONS = {400: "push_bad_audio", 401: "push_token", 410: "push_ended", 413: "push_too_large",
+            503: "push_queue_full"}
+
 
 def make_push_handler(source: QueueSource, *, token: str = "", fmt: str = "s16le",
                       rate_hz: int = SAMPLE_RATE_HZ, channels: int = 1,
-                      max_bytes: int = 1 << 20) -> Callable[[Any], Awaitable[Any]]:
+                      max_bytes: int = 1 << 20,
+                      on_reject: Callable[[str], None] | None = None,
+                      ) -> Callable[[Any], Awaitable[Any]]:
     """An aiohttp handler for ``POST /push``: the body is raw interleaved PCM, ``?format=``
     s16le or f32le, ``?rate=`` and ``?channels=`` (defaults: ``fmt``, ``rate_hz``,
     ``channels``), mixed to mono and resampled to 16 kHz here; ``?end=1`` ends the stream.
-    Bearer token required when ``token`` is set. A chunk with a NaN sample is refused (400)."""
+    Bearer token required when ``token`` is set. A chunk with a NaN sample is refused (400).
+    Every refusal is logged and counted: ``on_reject(reason)``, a reason of ``_REASONS``."""
     from aiohttp import web
 
     from subd.sources.pcm import PcmSpec
@@ -26,6 +36,9 @@ def make_push_handler(source: QueueSource, *, token: str = "", fmt: str = "s16le
     resamplers: dict[int, Any] = {}  # by input rate: each keeps its filter state across chunks
 
     def error(text: str, status: int = 400) -> web.Response:
+        log.warning("refused audio push to %s: %s (%d)", source.name, text, status)
+        if on_reject is not None:
+            on_reject(_REASONS[status])
         return web.json_response({"error": text}, status=status)
 
     async def handler(request: web.Request) -> web.StreamResponse:
