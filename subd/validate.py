@@ -157,3 +157,13 @@ def check_writable_folder(folder: Path, what: str) -> None:
 def cannot_write(what: str, exc: OSError) -> UserError:
     """The one-line error for an output ``what`` that ``exc`` kept from being written."""
     return UserError(f"{what}: cannot write ({exc.strerror or type(exc).__name__})")
+
+
+def check_piped_stdin(command: str) -> None:
+    """``-`` reads raw PCM from stdin: a terminal there is a mistake, said in one line (typed
+    keys would be taken for audio, or the command would wait for ever)."""
+    import sys
+
+    if sys.stdin is not None and sys.stdin.isatty():
+        raise UserError(f"-: standard input is a terminal; pipe raw PCM into it, e.g. ffmpeg -i "
+                        f"IN -f s16le -ar 16000 -ac 1 - | {command} -")

@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import importlib.util
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -151,6 +152,24 @@ def test_stream_plays_a_video_file_as_subd_transcribe_reads_it(speech_clips, tmp
     words = normalise(" ".join(s.text for s in pysrt_open(out)))
     assert word_errors(clip.transcript.split(), words) <= len(clip.transcript.split()) * 0.25, \
         (words, clip.transcript)
+
+
+@pytest.mark.parametrize("command", ["stream", "transcribe"])
+def test_a_terminal_on_stdin_is_refused_in_one_line(command, tmp_path):
+    import pty
+
+    controller, terminal = pty.openpty()  # stdin a terminal, as when `-` is typed by mistake
+    try:
+        extra = ["-o", str(tmp_path / "out.srt")] if command == "transcribe" else []
+        proc = subprocess.run([sys.executable, "-m", "subd.cli", command, "-", *extra],
+                              stdin=terminal, capture_output=True, timeout=60)
+    finally:
+        os.close(controller)
+        os.close(terminal)
+    err = proc.stderr.decode().strip().splitlines()
+    assert proc.returncode == 2 and len(err) == 1, err
+    assert err[0].startswith("subd: error: -: standard input is a terminal; pipe raw PCM"), err
+    assert f"| subd {command} -" in err[0]
 
 
 def test_stream_of_an_empty_stdin_ends_with_one_error_said_once():

@@ -15,7 +15,7 @@ from subd.errors import UserError
 from subd.pipeline.ticks import parse_fps, parse_rate
 from subd.script import CHINESE_SCRIPTS
 from subd.sources.pcm import PcmSpec
-from subd.validate import check_writable_folder
+from subd.validate import check_piped_stdin, check_writable_folder
 
 log = logging.getLogger("subd.stream")
 
@@ -90,6 +90,7 @@ def stream_config(args: argparse.Namespace) -> Config:
     if args.input == "-":  # live: it comes at its own pace
         if speed != 1 or args.jitter_ms:
             raise UserError("--speed and --jitter-ms pace a file; stdin (-) is live")
+        check_piped_stdin("subd stream")
         pcm = {k: v for k in ("pcm_format", "pcm_rate_hz", "pcm_channels")
                if (v := getattr(args, k)) is not None}
         source = dataclasses.replace(cfg.source, kind="stdin", path="", **pcm)

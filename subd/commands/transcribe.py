@@ -15,7 +15,7 @@ import pysrt
 from subd.errors import UserError
 from subd.script import CHINESE_SCRIPTS, DEFAULT_CHINESE_SCRIPT, TITLE_ABBREVIATIONS
 from subd.types import Cue, TaggedWord, Word
-from subd.validate import cannot_write, check_writable_folder
+from subd.validate import cannot_write, check_piped_stdin, check_writable_folder
 
 OUTPUT_SUFFIXES = (".srt", ".vtt", ".json")
 PROGRESS_MIN_S = 5.0  # show a progress bar for inputs longer than this
@@ -216,6 +216,7 @@ def run(args: argparse.Namespace) -> int:
     placement = place_or_exit(args.device, args.precision)  # before any audio is read
     language, model = language_and_model(args.language, args.model)
     if args.input == "-":
+        check_piped_stdin("subd transcribe")
         spec = audio.PcmSpec.parse(args.pcm_format, args.rate, args.channels)
         blocks = audio.iter_pcm_blocks(
             sys.stdin.buffer, fmt=spec.fmt, rate_hz=spec.rate_hz, channels=spec.channels
