@@ -157,6 +157,28 @@ def test_audio_waiting_in_the_pipe_at_the_start_was_captured_before_it(tmp_path)
     assert t0 == 10**9 - 20 * MS
 
 
+def test_a_stop_ends_a_stdin_whose_writer_went_quiet_with_the_pipe_open():
+    """The drain at SIGINT/SIGTERM waited for a read that no byte would end (the channel's
+    last words were cut off at the drain's budget, and the process hung at exit)."""
+    r, w = os.pipe()
+    os.write(w, np.full(1600, 1000, dtype="<i2").tobytes())  # 0.1 s, then nothing more
+
+    async def main(pipe):
+        src = PcmStreamSource(pipe, fmt="s16le", chunk_ms=20)
+        await src.start(FakeClock())
+        got = 0
+        async for chunk in src.chunks():
+            got += chunk.n_samples
+            if got == 1600:  # all there is: the writer is quiet, its pipe open
+                src.end()
+        return got
+
+    with os.fdopen(r, "rb") as pipe:
+        got = asyncio.run(asyncio.wait_for(main(pipe), timeout=10))
+    os.close(w)
+    assert got == 1600
+
+
 def test_empty_stdin_is_a_clear_error():
     src = PcmStreamSource(io.BytesIO(b""))
     with pytest.raises(AudioInputError, match="no PCM data"):

@@ -13,6 +13,7 @@ import asyncio
 import logging
 import random
 import sys
+import threading
 import time
 from collections.abc import AsyncIterator
 from fractions import Fraction
@@ -101,9 +102,56 @@ class FileSource:
                 yield AudioChunk(start_sample=start, samples=self.audio[a:b])
 
 
-def piped_bytes_waiting(stream: Any) -> int:
-    """Bytes written into ``stream``'s pipe or socket and not read yet (0 for a file, a
-    terminal or a stream without a descriptor: only a pipe's content is live)."""
+class _PipeReader:
+    """Reads a blocking stream on a daemon thread, a few reads ahead: a read that waits for a
+    writer gone quiet never holds up a stop, nor the interpreter's exit (an executor's thread
+    would be joined at exit, waiting for a byte that may never come)."""
+
+    _STOP = object()
+
+    def __init__(self, stream: Any, n_bytes: int, name: str, depth: int = 8) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._queue: asyncio.Queue[Any] = asyncio.Queue()  # bounded by _room: depth + 1
+        self._room = threading.Semaphore(depth)
+        self._stream, self._n_bytes, self._name = stream, n_bytes, name
+        threading.Thread(target=self._run, name=f"{name}-reader", daemon=True).start()
+
+
+    def _run(self) -> None:
+        while True:
+            self._room.acquire()
+            try:
+                raw = self._stream.read(self._n_bytes)
+                while raw is None:  # a non-blocking stream with nothing yet
+                    time.sleep(0.005)
+                    raw = self._stream.read(self._n_bytes)
+            except (OSError, ValueError) as exc:
+                raw = AudioInputError(f"{self._name}: read failed: {exc}")
+            try:
+                self._loop.call_soon_threadsafe(self._queue.put_nowait, raw)
+            except RuntimeError:  # the loop is closed: nobody reads any more
+                return
+            if not isinstance(raw, bytes) or not raw:
+                return
+
+    def stop(self) -> None:
+        self._queue.put_nowait(self._STOP)
+
+    async def read(self) -> bytes:
+        """The next read's bytes; b"" at the end of the stream or once stopped."""
+        item = await self._queue.get()
+        if item is self._STOP:
+            self._queue.put_nowait(item)  # every later read ends too
+            return b""
+        self._room.release()
+        if isinstance(item, AudioInputError):
+            raise item
+        return item
+
+
+def piped_bytes_waiting(stream: Any) -> int | None:
+    """Bytes written into ``stream``'s pipe or socket and not read yet; None for a file, a
+    terminal or a stream without a descriptor (only a pipe's content is live)."""
     import fcntl
     import os
     import stat
@@ -112,11 +160,10 @@ def piped_bytes_waiting(stream: Any) -> int:
     try:
         fd = stream.fileno()
         if not (stat.S_ISFIFO(os.fstat(fd).st_mode) or stat.S_ISSOCK(os.fstat(fd).st_mode)):
-            return 0
-        waiting = int.from_bytes(fcntl.ioctl(fd, termios.FIONREAD, b"\0" * 4), "little")
+            return None
+        return int.from_bytes(fcntl.ioctl(fd, termios.FIONREAD, b"\0" * 4), "little")
     except (AttributeError, OSError, ValueError):
-        return 0
-    return waiting
+        return None
 
 
 class PcmStreamSource:
@@ -149,6 +196,8 @@ class PcmStreamSource:
         self._first: np.ndarray | None = None
         self._carry = b""
         self._ended = False
+        self._stopped = False
+        self._reader: _PipeReader | None = None
 
     def _condition(self, raw: bytes) -> np.ndarray:
         from subd.sources.pcm import push_pcm_bytes
@@ -161,13 +210,23 @@ class PcmStreamSource:
                         "is logged at the end)", self.name)
         return np.concatenate(blocks) if blocks else np.zeros(0, np.float32)
 
+    def end(self) -> None:
+        """The channel stops (drain): the stream ends here, even where its writer has gone
+        quiet with the pipe still open (the read that waits for it is left to its thread)."""
+        if self._reader is not None:
+            self._reader.stop()
+        self._stopped = True
+
     async def _read(self) -> np.ndarray | None:
         """The next conditioned samples (maybe none yet: the resampler holds some back);
         None at the end of the stream, after the conditioner's last samples."""
         if self._ended:
             return None
-        loop = asyncio.get_running_loop()
-        raw = await loop.run_in_executor(None, self.stream.read, self.chunk_bytes)
+        if self._reader is None:
+            self._reader = _PipeReader(self.stream, self.chunk_bytes, self.name)
+            if self._stopped:
+                self._reader.stop()
+        raw = await self._reader.read()
         if not raw:
             self._ended = True
             if self._carry:
@@ -187,18 +246,23 @@ class PcmStreamSource:
         return self._condition(raw[:cut])
 
     async def start(self, clock: Clock) -> int:
+        # what a live producer wrote into the pipe while the daemon started was captured before
+        # now: its last frame just now, its first that long before
+        asked_ns, waiting = clock.now_ns(), piped_bytes_waiting(self.stream) or 0
         first = await self._read()
         frames = self.conditioner.stats.n_input_frames
         if first is None or frames == 0:
             raise AudioInputError(f"{self.name}: no PCM data")
         self._first = first
-        # the first read arrived when its last frame was captured, and so did the frames still
-        # waiting in the pipe behind it: what a live producer wrote while the daemon started
-        backlog = piped_bytes_waiting(self.stream) // self.spec.frame_bytes
-        if backlog * NS_PER_S // self.spec.rate_hz >= 100_000_000:
-            log.info("%s: %.1f s of audio waited in the pipe at the start: its captions are "
-                     "due D after it was written", self.name, backlog / self.spec.rate_hz)
-        return clock.now_ns() - (frames + backlog) * NS_PER_S // self.spec.rate_hz
+        backlog = waiting // self.spec.frame_bytes
+        if backlog:
+            if backlog * NS_PER_S // self.spec.rate_hz >= 100_000_000:
+                log.info("%s: %.1f s of audio waited in the pipe at the start: its captions "
+                         "are due D after it was written", self.name,
+                         backlog / self.spec.rate_hz)
+            return asked_ns - backlog * NS_PER_S // self.spec.rate_hz
+        # else the first read arrived when its last frame was captured
+        return clock.now_ns() - frames * NS_PER_S // self.spec.rate_hz
 
     async def chunks(self) -> AsyncIterator[AudioChunk]:
         pos = 0
