@@ -116,7 +116,6 @@ class _PipeReader:
         self._stream, self._n_bytes, self._name = stream, n_bytes, name
         threading.Thread(target=self._run, name=f"{name}-reader", daemon=True).start()
 
-
     def _run(self) -> None:
         while True:
             self._room.acquire()
