@@ -309,7 +309,7 @@ def test_the_recogniser_reads_its_window_from_the_shared_history():
     as in its process) transcribes audio it never received a copy of."""
     pytest.importorskip("subd.recognise.streaming")
     from subd.recognise.streaming import StreamingRecognizer
-    from subd.sources.live import load_audio
+    from subd.sources.decode import load_audio
     from subd.workers.hosts import FactorySpec, FinishRequest, RecogniserHost, UpdateRequest
 
     audio = load_audio(ROOT / "subd" / "data" / "demo.wav")[: 8 * SAMPLE_RATE_HZ]
