@@ -8,9 +8,7 @@ import importlib.util
 import socket
 import time
 
-import numpy as np
 import pytest
-import soundfile as sf
 from daemon_helpers import (
     PUSH_SOURCE,
     START_LIMIT_S,
@@ -57,10 +55,8 @@ def test_a_busy_port_stops_the_daemon_before_any_channel_starts(tmp_path):
         busy.bind(("127.0.0.1", 0))
         busy.listen()
         port = busy.getsockname()[1]
-        clip = tmp_path / "clip.wav"  # there (a missing one is refused first, in one line)
-        sf.write(clip, np.zeros(16_000, np.float32), 16_000)
         config = push_config(tmp_path, port).replace('kind = "http"', 'kind = "file"\n'
-                                                      f'path = "{clip}"')
+                                                      'path = "/nonexistent.wav"')
         daemon = start_daemon(tmp_path, config, port)
         try:
             code = daemon.proc.wait(START_LIMIT_S)
@@ -72,4 +68,4 @@ def test_a_busy_port_stops_the_daemon_before_any_channel_starts(tmp_path):
     assert "Traceback" not in log
     # nothing was started: no model process, no channel (its events log would exist)
     assert not (tmp_path / "events.jsonl").exists()
-    assert "recognise" not in log and "channel main" not in log, log
+    assert "recognise" not in log and "/nonexistent.wav" not in log, log

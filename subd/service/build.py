@@ -11,7 +11,7 @@ from typing import Any
 
 from subd.clock import Clock
 from subd.config import ChannelSpec, Config
-from subd.errors import AudioInputError, ConfigError, ModelError, UserError
+from subd.errors import AudioInputError, ConfigError, ModelError
 from subd.pipeline.scheduler import Source
 from subd.server.standalone import serve_if_configured
 from subd.sinks import load_sink_factory
@@ -72,21 +72,12 @@ def build_sink(name: str, options: dict[str, Any]) -> Any:
 def check_outputs(config: Config) -> None:
     """One line (exit 2) before the daemon starts, or a reload is refused, where a channel's
     caption files or events log could not be written: their folder cannot be made or takes no
-    file; or where its file source is not there (a misspelt path, not a source that is down).
-    A folder or file lost later is the sinks' or the source's own affair (logged, counted,
-    tried again)."""
+    file. A folder lost later is the sinks' own affair (logged, counted, tried again)."""
     from subd.sinks.files import CueFileSink
-    from subd.sources.decode import check_audio_path
 
     for spec in config.channel_specs():
         # a channel's options may be its own table's or the top level's: name the channel
         where = f"channel {spec.name}: " if config.channels else ""
-        src = spec.source
-        if src.path and (src.kind == "file" or src.kind == "auto" and not src.device):
-            try:
-                check_audio_path(src.path)
-            except AudioInputError as exc:
-                raise UserError(f"{where}[source] path {exc}") from None
         for name in spec.sinks.enabled:
             factory = load_sink_factory(name)
             if isinstance(factory, type) and issubclass(factory, CueFileSink):

@@ -174,7 +174,7 @@ def total_duration_s(source: str | os.PathLike[str]) -> float | None:
 
 
 def _plan(source: str | os.PathLike[str]) -> _Plan:
-    path = check_audio_path(source)
+    path = _check_path(source)
     ffmpeg = find_ffmpeg()
     try:
         with sf.SoundFile(path) as f:
@@ -193,8 +193,7 @@ def _plan(source: str | os.PathLike[str]) -> _Plan:
     return _Plan(path, "sndfile", rate_hz, channels, n_frames)
 
 
-def check_audio_path(source: str | os.PathLike[str]) -> Path:
-    """``source`` as a path to a readable, non-empty file, or a one-line AudioInputError."""
+def _check_path(source: str | os.PathLike[str]) -> Path:
     if isinstance(source, bytes | bytearray) or not isinstance(source, str | os.PathLike):
         raise AudioInputError(f"not an audio file path: {source!r}")
     path = Path(source)
