@@ -33,7 +33,9 @@ def make_push_handler(source: QueueSource, *, token: str = "", fmt: str = "s16le
 
     from subd.sources.pcm import PcmSpec
 
-    resamplers: dict[int, Any] = {}  # by input rate: each keeps its filter state across chunks
+    # the pusher's rate and its resampler, whose filter state runs on across chunks (one: a
+    # pusher that changes its rate starts a new one)
+    resampler: list[Any] = [0, None]
 
     def error(text: str, status: int = 400) -> web.Response:
         log.warning("refused audio push to %s: %s (%d)", source.name, text, status)
@@ -67,12 +69,12 @@ def make_push_handler(source: QueueSource, *, token: str = "", fmt: str = "s16le
         if spec.channels > 1:
             samples = samples.reshape(-1, spec.channels).mean(axis=1, dtype=np.float32)
         if spec.rate_hz != SAMPLE_RATE_HZ:
-            if spec.rate_hz not in resamplers:
+            if resampler[0] != spec.rate_hz:
                 import soxr
 
-                resamplers[spec.rate_hz] = soxr.ResampleStream(spec.rate_hz, SAMPLE_RATE_HZ, 1,
-                                                               dtype="float32")
-            samples = resamplers[spec.rate_hz].resample_chunk(samples)
+                resampler[:] = spec.rate_hz, soxr.ResampleStream(spec.rate_hz, SAMPLE_RATE_HZ,
+                                                                 1, dtype="float32")
+            samples = resampler[1].resample_chunk(samples)
         if samples.shape[0] and not source.push(samples):
             return error("ingest queue full", 503)
         if query.get("end") in ("1", "true"):
