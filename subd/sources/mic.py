@@ -6,10 +6,9 @@ import asyncio
 import logging
 from typing import Any
 
-import numpy as np
-
 from subd.errors import AudioInputError
 from subd.sources.live import QueueSource, pcm_to_float
+from subd.sources.pcm import ToMono16k
 from subd.types import SAMPLE_RATE_HZ
 
 log = logging.getLogger("subd.sources")
@@ -89,21 +88,13 @@ class MicSource(QueueSource):
         try:
             index = self._find_device(pa)
             rate, channels = self.rate_hz, self.channels = self._format(pa, pyaudio, index)
-            resampler = None
-            if rate != SAMPLE_RATE_HZ:
-                import soxr
-
-                resampler = soxr.ResampleStream(rate, SAMPLE_RATE_HZ, 1, dtype="float32")
+            to_mono = ToMono16k(rate, channels)
             if (rate, channels) != (SAMPLE_RATE_HZ, 1):
                 log.info("microphone: the device takes no 16 kHz mono; opened at %d Hz, %d "
                          "channel(s), mixed and resampled here", rate, channels)
 
             def callback(in_data: bytes, frame_count: int, time_info: Any, status: int):
-                samples = pcm_to_float(in_data, "s16le")
-                if channels > 1:
-                    samples = samples.reshape(-1, channels).mean(axis=1, dtype=np.float32)
-                if resampler is not None:
-                    samples = resampler.resample_chunk(samples)
+                samples = to_mono(pcm_to_float(in_data, "s16le"))
                 if samples.shape[0]:
                     loop.call_soon_threadsafe(self.push, samples)
                 return (None, pyaudio.paContinue)

@@ -116,6 +116,28 @@ def one_line(text: str) -> str:
     return " ".join(str(text).split())
 
 
+class ToMono16k:
+    """Interleaved float32 frames at ``rate_hz`` with ``channels`` -> 16 kHz mono, chunk by
+    chunk: the channels averaged, one streaming soxr resampler (quality "HQ") whose filter
+    state runs on across chunks. Shared by every raw-PCM input (stdin, files, the microphone,
+    HTTP push)."""
+
+    def __init__(self, rate_hz: int, channels: int) -> None:
+        self.rate_hz, self.channels = rate_hz, channels
+        self._resampler = (
+            None
+            if rate_hz == SAMPLE_RATE_HZ
+            else soxr.ResampleStream(rate_hz, SAMPLE_RATE_HZ, 1, dtype="float32", quality="HQ")
+        )
+
+    def __call__(self, frames: np.ndarray, last: bool = False) -> np.ndarray:
+        frames = frames.reshape(-1, self.channels)
+        mono = frames[:, 0] if self.channels == 1 else frames.mean(axis=1, dtype=np.float32)
+        if self._resampler is None:
+            return mono
+        return self._resampler.resample_chunk(np.ascontiguousarray(mono), last=last)
+
+
 class Conditioner:
     """Turns frames of any rate/channel count into fixed-size 16 kHz mono float32 blocks.
 
@@ -138,11 +160,7 @@ class Conditioner:
         self.block_samples = check_block_samples(block_samples)
         self.max_samples = max_samples
         self.stats = stats if stats is not None else InputStats()
-        self._resampler = (
-            None
-            if rate_hz == SAMPLE_RATE_HZ
-            else soxr.ResampleStream(rate_hz, SAMPLE_RATE_HZ, 1, dtype="float32", quality="HQ")
-        )
+        self._to_mono = ToMono16k(rate_hz, channels)
         self._buf = np.empty(self.block_samples, dtype=np.float32)
         self._fill = 0
         self._n_values = 0  # input values (frames x channels), for the all-non-finite check
@@ -168,16 +186,11 @@ class Conditioner:
         if frames.max() > 1.0 or frames.min() < -1.0:
             self.stats.n_clipped += int(np.count_nonzero((frames > 1.0) | (frames < -1.0)))
             frames = np.clip(frames, -1.0, 1.0)
-        mono = frames[:, 0] if self.channels == 1 else frames.mean(axis=1, dtype=np.float32)
-        if self._resampler is not None:
-            mono = self._resampler.resample_chunk(np.ascontiguousarray(mono))
-        yield from self._emit(mono)
+        yield from self._emit(self._to_mono(frames))
 
     def finish(self) -> Iterator[np.ndarray]:
-        if self._resampler is not None and not self.done:
-            yield from self._emit(
-                self._resampler.resample_chunk(np.zeros(0, np.float32), last=True)
-            )
+        if self._to_mono.rate_hz != SAMPLE_RATE_HZ and not self.done:
+            yield from self._emit(self._to_mono(np.zeros(0, np.float32), last=True))
         if self._fill:
             block = self._buf[: self._fill].copy()
             self._fill = 0

@@ -6,8 +6,6 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-import numpy as np
-
 from subd.errors import AudioInputError
 from subd.sources.live import QueueSource, pcm_to_float
 from subd.types import SAMPLE_RATE_HZ
@@ -31,11 +29,11 @@ def make_push_handler(source: QueueSource, *, token: str = "", fmt: str = "s16le
     Every refusal is logged and counted: ``on_reject(reason)``, a reason of ``_REASONS``."""
     from aiohttp import web
 
-    from subd.sources.pcm import PcmSpec
+    from subd.sources.pcm import PcmSpec, ToMono16k
 
-    # the pusher's rate and its resampler, whose filter state runs on across chunks (one: a
-    # pusher that changes its rate starts a new one)
-    resampler: list[Any] = [0, None]
+    # the pusher's format's converter, its resampler's state running on across chunks (one: a
+    # pusher that changes its rate or channels starts a new one)
+    to_mono: list[ToMono16k] = [ToMono16k(rate_hz, channels)]
 
     def error(text: str, status: int = 400) -> web.Response:
         log.warning("refused audio push to %s: %s (%d)", source.name, text, status)
@@ -66,15 +64,9 @@ def make_push_handler(source: QueueSource, *, token: str = "", fmt: str = "s16le
             samples = pcm_to_float(raw, spec.fmt)
         except AudioInputError as exc:
             return error(str(exc))
-        if spec.channels > 1:
-            samples = samples.reshape(-1, spec.channels).mean(axis=1, dtype=np.float32)
-        if spec.rate_hz != SAMPLE_RATE_HZ:
-            if resampler[0] != spec.rate_hz:
-                import soxr
-
-                resampler[:] = spec.rate_hz, soxr.ResampleStream(spec.rate_hz, SAMPLE_RATE_HZ,
-                                                                 1, dtype="float32")
-            samples = resampler[1].resample_chunk(samples)
+        if (to_mono[0].rate_hz, to_mono[0].channels) != (spec.rate_hz, spec.channels):
+            to_mono[0] = ToMono16k(spec.rate_hz, spec.channels)
+        samples = to_mono[0](samples)
         if samples.shape[0] and not source.push(samples):
             return error("ingest queue full", 503)
         if query.get("end") in ("1", "true"):
