@@ -14,7 +14,6 @@ from subd.config import Config, SinksConfig, load_config
 from subd.errors import UserError
 from subd.pipeline.ticks import parse_fps, parse_rate
 from subd.script import CHINESE_SCRIPTS
-from subd.sources.pcm import PcmSpec
 from subd.validate import check_piped_stdin, check_writable_folder
 
 log = logging.getLogger("subd.stream")
@@ -94,6 +93,8 @@ def stream_config(args: argparse.Namespace) -> Config:
         pcm = {k: v for k in ("pcm_format", "pcm_rate_hz", "pcm_channels")
                if (v := getattr(args, k)) is not None}
         source = dataclasses.replace(cfg.source, kind="stdin", path="", **pcm)
+        from subd.sources.pcm import PcmSpec  # here: numpy and soxr off every command's start
+
         # the same checks and words as subd transcribe -'s
         PcmSpec(source.pcm_format, source.pcm_rate_hz, source.pcm_channels)
     else:

@@ -178,7 +178,7 @@ class PcmStreamSource:
     def __init__(self, stream: BinaryIO | None = None, *, fmt: str = "s16le",
                  rate_hz: int = SAMPLE_RATE_HZ, channels: int = 1, chunk_ms: int = 20,
                  name: str = "stdin") -> None:
-        from subd.sources.pcm import PCM_FORMATS, Conditioner, PcmSpec
+        from subd.sources.pcm import Conditioner, PcmSpec
 
         self.spec = PcmSpec(fmt=fmt, rate_hz=rate_hz, channels=channels)
         stream = stream if stream is not None else sys.stdin.buffer
@@ -186,8 +186,6 @@ class PcmStreamSource:
         # in the pipe is all that waits (piped_bytes_waiting)
         self.stream = getattr(stream, "raw", stream)
         self._buffered = stream  # kept: collected, it would close the raw stream under us
-        self.fmt = fmt
-        self._dtype = PCM_FORMATS[fmt]
         self.chunk_bytes = max(1, rate_hz * chunk_ms // 1000) * self.spec.frame_bytes
         self.name = name
         self.conditioner = Conditioner(name, rate_hz, channels,
@@ -199,11 +197,12 @@ class PcmStreamSource:
         self._reader: _PipeReader | None = None
 
     def _condition(self, raw: bytes) -> np.ndarray:
-        from subd.sources.pcm import push_pcm_bytes
+        from subd.sources.pcm import PCM_FORMATS, push_pcm_bytes
 
         stats = self.conditioner.stats
         seen = stats.n_nonfinite
-        blocks = list(push_pcm_bytes(self.conditioner, raw, len(raw), self._dtype, self.spec))
+        blocks = list(push_pcm_bytes(self.conditioner, raw, len(raw),
+                                           PCM_FORMATS[self.spec.fmt], self.spec))
         if stats.n_nonfinite and not seen:
             log.warning("%s: NaN or infinite samples, played as silence (counted; the total "
                         "is logged at the end)", self.name)
