@@ -201,8 +201,8 @@ class PcmStreamSource:
 
         stats = self.conditioner.stats
         seen = stats.n_nonfinite
-        blocks = list(push_pcm_bytes(self.conditioner, raw, len(raw),
-                                           PCM_FORMATS[self.spec.fmt], self.spec))
+        dtype = PCM_FORMATS[self.spec.fmt]
+        blocks = list(push_pcm_bytes(self.conditioner, raw, len(raw), dtype, self.spec))
         if stats.n_nonfinite and not seen:
             log.warning("%s: NaN or infinite samples, played as silence (counted; the total "
                         "is logged at the end)", self.name)
