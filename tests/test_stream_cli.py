@@ -179,6 +179,7 @@ def test_stream_of_an_empty_stdin_ends_with_one_error_said_once():
     assert proc.returncode == 2, err
     assert err.strip().splitlines()[-1] == "subd: error: stdin: no PCM data", err
     assert "task " not in err and "Traceback" not in err, err  # not logged again on its way
+    assert "source down" not in err and err.count("no PCM data") == 1, err
 
 
 def pysrt_open(path):

@@ -243,7 +243,8 @@ class DaemonChannel(ChannelReload):
             except AudioInputError as exc:
                 if self.stopping:
                     return  # a stream that ended before its first audio: nothing to drain
-                self.report_source(False, str(exc))
+                if self._given_source is None:  # a given source's command says it, once
+                    self.report_source(False, str(exc))
                 raise
         c = self.counters
         log.info("channel %s: published %d ticks: %d deadline misses, %d fallbacks, "
