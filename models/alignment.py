@@ -7,7 +7,8 @@ a monotonic path through it (dynamic time warping) gives each token's first fram
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
@@ -28,6 +29,9 @@ class WordTiming:
     end_s: float
     probability: float
     joined: bool = False  # the rest of the forced prefix's last word (words_from_path)
+    # (p('.'), p(',')) where the decode chose what follows the word's letters (its mark, or
+    # none); None: not known (the step was forced, or the decode did not say)
+    mark_p: tuple[float, float] | None = None
 
 
 def dtw_path(cost: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -57,12 +61,15 @@ def align_words(
     n_known_tokens: int = 0,
     cross_from: KVCache | None = None,
     split: Splitter | None = None,
+    marks_after: Sequence[tuple[float, float] | None] | None = None,
 ) -> list[WordTiming]:
     """Word timings for ``text_tokens``. The words made of the first ``n_known_tokens`` tokens
     (a forced prefix, timed by an earlier window) still anchor the alignment but are not
     returned, and their tokens are not projected onto the vocabulary (the costly part).
     ``cross_from``: a cache for the same audio whose cross-attention keys/values are reused.
-    ``split``: how tokens group into words (``models.words.word_splitter``; default: at spaces)."""
+    ``split``: how tokens group into words (``models.words.word_splitter``; default: at spaces).
+    ``marks_after``: per text token, the decode's mark probabilities after it
+    (``DecodeResult.marks_after_text``), given to each word as ``mark_p``."""
     if not text_tokens:
         return []
     sp = tokenizer.special
@@ -86,7 +93,8 @@ def align_words(
     qk_cpu = torch.stack([qk[0] for qk in qks]).float().cpu()  # [heads, L, T]
     matrix = alignment_matrix(qk_cpu, n_frames, len(sot_sequence))
     text_idx, time_idx = dtw_path(-matrix.double().numpy())
-    return words_from_path(tokenizer, text_tokens, known, token_probs, text_idx, time_idx, split)
+    return words_from_path(tokenizer, text_tokens, known, token_probs, text_idx, time_idx, split,
+                           marks_after)
 
 
 def alignment_matrix(qk: torch.Tensor, n_frames: int, n_sot: int) -> torch.Tensor:
@@ -138,9 +146,11 @@ def alignment_matrices(qk: torch.Tensor, n_frames: list[int], lengths: list[int]
 
 def words_from_path(tokenizer: WhisperTokenizer, text_tokens: list[int], known: int,
                     token_probs: np.ndarray, text_idx: np.ndarray, time_idx: np.ndarray,
-                    split: Splitter | None = None) -> list[WordTiming]:
+                    split: Splitter | None = None,
+                    marks_after: Sequence[tuple[float, float] | None] | None = None,
+                    ) -> list[WordTiming]:
     """Word timings from the DTW path (token -> first frame), leaving out the words of the
-    first ``known`` tokens."""
+    first ``known`` tokens; ``marks_after`` as in ``align_words``."""
     sp = tokenizer.special
     words, word_tokens = (split or tokenizer.split_to_words)(text_tokens + [sp.eot])
     if len(word_tokens) <= 1:
@@ -154,6 +164,9 @@ def words_from_path(tokenizer: WhisperTokenizer, text_tokens: list[int], known: 
     for k, (word, toks) in enumerate(zip(words[:-1], word_tokens[:-1], strict=True)):
         lo, hi = boundaries[k], boundaries[k + 1]
         new = token_probs[max(lo, known) : hi]  # a word may straddle the prefix's end
+        letters_end = hi - 1  # the word's last token before its closing marks
+        while letters_end > lo and text_tokens[letters_end] in tokenizer.closing_ids:
+            letters_end -= 1
         out.append(
             WordTiming(
                 text=word,
@@ -161,6 +174,7 @@ def words_from_path(tokenizer: WhisperTokenizer, text_tokens: list[int], known: 
                 start_s=float(starts[k]),
                 end_s=float(ends[k]),
                 probability=float(np.mean(new)) if new.size else float("nan"),
+                mark_p=marks_after[letters_end] if marks_after else None,
             )
         )
     # durations are tidied over all words (the median includes the prefix), then the known
@@ -184,10 +198,9 @@ def words_from_path(tokenizer: WhisperTokenizer, text_tokens: list[int], known: 
             # a cut-off start and is committed, so only the rest is new, timed from its own
             # tokens; the whole word after it read as a stutter ("Gint Gintlane had the sides")
             w = out[0]
-            out[0] = WordTiming(text=added.lstrip(),
-                                tokens=tuple(word_tokens[n_known_words][known - first:]),
-                                start_s=max(w.start_s, float(jump_times[known])),
-                                end_s=w.end_s, probability=w.probability, joined=True)
+            out[0] = replace(w, text=added.lstrip(),
+                             tokens=tuple(word_tokens[n_known_words][known - first:]),
+                             start_s=max(w.start_s, float(jump_times[known])), joined=True)
     return out
 
 
@@ -207,7 +220,7 @@ def within_segments(words: list[WordTiming], tokens: tuple[int, ...] | list[int]
         if w.end_s > close_s + slack_s:
             end = max(close_s, prev_end)
             start = min(w.start_s, max(prev_end, end - min(w.end_s - w.start_s, 0.5)))
-            w = WordTiming(w.text, w.tokens, start, end, w.probability)
+            w = replace(w, start_s=start, end_s=end)
         out.append(w)
         prev_end = w.end_s
     return out
@@ -305,5 +318,5 @@ def _tidy_durations(words: list[WordTiming]) -> list[WordTiming]:
                 end = start + max_dur
             else:
                 start = max(start, end - max_dur)
-        out.append(WordTiming(w.text, w.tokens, start, end, w.probability))
+        out.append(replace(w, start_s=start, end_s=end))
     return out

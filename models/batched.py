@@ -152,7 +152,8 @@ class BatchedEngine:
         key = (options.max_initial_timestamp_s, options.loop_min_repeats, options.loop_min_tokens)
         if key not in self._rules:
             self._rules[key] = BatchRules(self.special, options, self.loaded.suppress_tokens,
-                                          self.model.dims.n_vocab, self.device)
+                                          self.model.dims.n_vocab, self.device,
+                                          tuple(self.loaded.tokenizer.mark_ids))
         return self._rules[key]
 
     def _chunk(self, rules: BatchRules, shape: StepShape, sample: bool) -> None:

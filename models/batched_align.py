@@ -79,10 +79,12 @@ def alignment_pass(windows: Any, feats: torch.Tensor, rows: list[int],
 
 @torch.inference_mode()
 def align_rows(windows: Any, feats: torch.Tensor, rows: list[int], jobs: list[Any],
-               texts: list[list[int]], frames: list[int], known: list[int]) -> dict[int, list]:
+               texts: list[list[int]], frames: list[int], known: list[int],
+               marks_after: list[list] | None = None) -> dict[int, list]:
     """``align_words`` for many rows of a ``WindowEngine`` batch (``jobs``: its
     ``WindowJob`` list): :func:`alignment_pass` on the device, one read back of each kind,
-    and one DTW sweep for all (models.alignment.dtw_paths); the same timings as row by row."""
+    and one DTW sweep for all (models.alignment.dtw_paths); the same timings as row by row.
+    ``marks_after``: each row's ``DecodeResult.marks_after_text``, as ``align_words`` takes."""
     tok = windows.tokenizer
     todo = [k for k in range(len(rows)) if texts[k]]
     out: dict[int, list] = {rows[k]: [] for k in range(len(rows)) if not texts[k]}
@@ -101,5 +103,6 @@ def align_rows(windows: Any, feats: torch.Tensor, rows: list[int], jobs: list[An
     for k, (text_idx, time_idx) in zip(todo, paths, strict=True):
         split = word_splitter(tok, jobs[k].language or language)
         out[rows[k]] = words_from_path(tok, texts[k], min(known[k], len(texts[k])),
-                                       probs[k], text_idx, time_idx, split)
+                                       probs[k], text_idx, time_idx, split,
+                                       marks_after[k] if marks_after else None)
     return out

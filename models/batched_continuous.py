@@ -64,9 +64,10 @@ class _Gathered:
     """Some rows of DecodeBuffers as a compact batch that ``BatchRules.select`` can update."""
 
     READ = ("logits", "n_gen", "last_tok", "prev_tok", "last_stamp", "done", "looped", "runs",
-            "out_tok", "out_lp", "max_new", "temperature", "tokens_in", "n_forced", "cont")
+            "out_tok", "out_lp", "out_mark", "max_new", "temperature", "tokens_in", "n_forced",
+            "cont")
     WRITTEN = ("n_gen", "last_tok", "prev_tok", "last_stamp", "done", "looped", "runs",
-               "out_tok", "out_lp", "tokens_in")
+               "out_tok", "out_lp", "out_mark", "tokens_in")
 
     def __init__(self, buf, ix: torch.Tensor):
         for name in self.READ:
@@ -133,7 +134,7 @@ class ContinuousDecoder:
 
     # ---- compaction ----------------------------------------------------------------------
     PER_ROW = ("tokens_in", "plen", "max_new", "n_gen", "last_tok", "prev_tok", "last_stamp",
-               "done", "looped", "runs", "out_tok", "out_lp", "temperature")
+               "done", "looped", "runs", "out_tok", "out_lp", "out_mark", "temperature")
 
     def _compact(self) -> None:
         """Move rows above the bucket that the busy count needs into free slots below it."""

@@ -77,6 +77,8 @@ class DecodeBuffers:
         self.cont = torch.zeros(max_rows, dtype=torch.bool, **z)
         self.out_tok = torch.zeros(max_rows, max_new, dtype=torch.long, **z)
         self.out_lp = torch.zeros(max_rows, max_new, dtype=torch.float32, **z)
+        # (p('.'), p(',')) of the step that chose each column (DecodeResult.mark_probs)
+        self.out_mark = torch.zeros(max_rows, max_new, 2, dtype=torch.float32, **z)
         self.temperature = torch.zeros(max_rows, dtype=torch.float32, **z)  # 0: greedy row
         self.logits = torch.zeros(max_rows, d.n_vocab, dtype=torch.float32, **z)
         self.all_done = torch.zeros((), dtype=torch.bool, **z)
@@ -91,8 +93,10 @@ class BatchRules:
     """Vectorised LogitFilter + greedy/temperature choice + loop guard for a batch."""
 
     def __init__(self, special: SpecialTokens, options: DecodeOptions, suppress: tuple[int, ...],
-                 n_vocab: int, device: torch.device):
+                 n_vocab: int, device: torch.device, mark_ids: tuple[int, ...] = ()):
         self.sp = special
+        self.mark_ids = torch.tensor(mark_ids, dtype=torch.long, device=device) \
+            if mark_ids else None
         mask = torch.zeros(n_vocab, dtype=torch.bool)
         for t in suppress:
             if 0 <= t < n_vocab:
@@ -177,6 +181,10 @@ class BatchRules:
             buf.last_stamp[:n]
         # the first token after a forced prefix of text that the row continues
         cont = buf.cont[:n] & (n_gen == buf.n_forced[:n]) & (n_gen > 0) & (last < ts)
+        marks = None
+        if self.mark_ids is not None:  # before the rules touch the logits, as decode_window
+            logits = buf.logits[:n]
+            marks = (logits[:, self.mark_ids] - torch.logsumexp(logits, dim=-1)[:, None]).exp()
         if select_gpu.available(buf.logits):
             temperature = seed = None
             if sample:  # a new draw per step, also when a CUDA graph replays this
@@ -197,6 +205,10 @@ class BatchRules:
             1, at)[:, 0])[:, None])
         buf.out_lp[:n].scatter_(1, at, torch.where(active, token_lp, buf.out_lp[:n].gather(
             1, at)[:, 0])[:, None])
+        if marks is not None:
+            at2 = at[:, :, None].expand(n, 1, 2)
+            buf.out_mark[:n].scatter_(1, at2, torch.where(
+                active[:, None], marks, buf.out_mark[:n].gather(1, at2)[:, 0])[:, None])
         appended = active & (token != sp.eot)
         # tail_loop, exactly: run[g] = length of the run of token[i] == token[i-g] ending here
         back = n_gen[:, None] - self.grams[None, :]  # [n, G]

@@ -169,7 +169,8 @@ class WindowEngine:
                             [results[b].text_tokens(ts) for b in speech],
                             [frames[b] for b in speech],
                             [sum(1 for t in jobs[b].prefix if t < ts) if used[b] else 0
-                             for b in speech])
+                             for b in speech],
+                            [results[b].marks_after_text(ts) for b in speech])
         out: list[WindowResult | BaseException] = []
         for b, res in enumerate(results):
             if b in errors:
@@ -183,9 +184,9 @@ class WindowEngine:
 
     # ---- word timings ----------------------------------------------------------------------
     def _align(self, feats: torch.Tensor, rows: list[int], jobs: list[WindowJob],
-               texts: list[list[int]], frames: list[int], known: list[int]
-               ) -> dict[int, list]:
-        return align_rows(self, feats, rows, jobs, texts, frames, known)
+               texts: list[list[int]], frames: list[int], known: list[int],
+               marks_after: list[list] | None = None) -> dict[int, list]:
+        return align_rows(self, feats, rows, jobs, texts, frames, known, marks_after)
 
     def sot(self, language: str | None) -> list[int]:
         """The start-of-transcript tokens of a row in ``language`` (None: the engine's own)."""
@@ -317,17 +318,19 @@ class WindowEngine:
             eng.run_steps(rules, shape, sample, new_max)
             width = min(buf.out_tok.shape[1], int(max_new.max()) + 1)
             host = to_host([x[:n] for x in (buf.out_tok[:, :width], buf.out_lp[:, :width],
-                                            buf.n_gen, buf.looped, no_speech)])
+                                            buf.n_gen, buf.looped, no_speech,
+                                            buf.out_mark[:, :width])])
             buf.n_forced[:n_rows].zero_()  # the engine's other decoders force nothing
-        tok, lp, n_gen, looped, nsp = host
+        tok, lp, n_gen, looped, nsp, marks = host
         self.n_decode_calls += 1
         self.n_rows_decoded += n
         return [self._result(r, tok[b, : n_gen[b]].tolist(), float(lp[b].sum()), float(nsp[b]),
-                             options.temperature, bool(looped[b]))
+                             options.temperature, bool(looped[b]), marks[b])
                 for b, r in enumerate(rows)]
 
     def _result(self, row: _Row, tokens: list[int], sum_lp: float, no_speech: float,
-                temperature: float, looped: bool) -> DecodeResult:
+                temperature: float, looped: bool, marks: torch.Tensor) -> DecodeResult:
+        """``marks`` [width, 2]: the row's (p('.'), p(',')) by column (BatchRules.select)."""
         ts = self.tokenizer.special.timestamp_begin
         m = len(row.prefix)
         n_new = len(tokens) - m
@@ -337,5 +340,8 @@ class WindowEngine:
             if keep is not None:
                 tokens, looped = tokens[: m + keep], True
         text = self.tokenizer.decode([x for x in tokens if x < ts])
+        n_steps = len(tokens) - m + (not capped and not looped)  # the end of text's step too
+        steps = marks[m : m + n_steps].tolist()
         return DecodeResult(tuple(tokens), sum_lp, sum_lp / (n_new + 1), no_speech, temperature,
-                            compression_ratio(text), looped, capped)
+                            compression_ratio(text), looped, capped,
+                            tuple((a, b) for a, b in steps), m)

@@ -10,7 +10,7 @@ the whole 448-token budget, and the caller's temperature fallback sees it at onc
 from __future__ import annotations
 
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -45,9 +45,25 @@ class DecodeResult:
     compression_ratio: float
     looped: bool
     capped: bool = False  # stopped by ``max_new_tokens`` (its repeating tail, if any, cut)
+    # (p('.'), p(',')) at each decode step, before the timestamp rules: step i chose
+    # tokens[n_forced + i], the last one the end of text; what Whisper weighed at a word's
+    # end, not only what it wrote there
+    mark_probs: tuple[tuple[float, float], ...] = field(default=(), compare=False)
+    n_forced: int = 0  # tokens of the forced prefix at the start of ``tokens``
 
     def text_tokens(self, timestamp_begin: int) -> list[int]:
         return [t for t in self.tokens if t < timestamp_begin]
+
+    def marks_after_text(self, timestamp_begin: int) -> list[tuple[float, float] | None]:
+        """For each text token, the mark probabilities of the step right after it (whatever
+        that step chose: a mark, a timestamp, the next word, the end); None where that step
+        was forced, not decoded."""
+        out: list[tuple[float, float] | None] = []
+        for pos, t in enumerate(self.tokens):
+            if t < timestamp_begin:
+                step = pos + 1 - self.n_forced
+                out.append(self.mark_probs[step] if 0 <= step < len(self.mark_probs) else None)
+        return out
 
 
 def compression_ratio(text: str) -> float:
@@ -179,10 +195,15 @@ def decode_window(
     no_speech_prob = float(torch.softmax(logits[0, sot_index].float(), -1)[special.no_speech])
     step_logits = logits[0, -1].float().cpu()
     generated: list[int] = list(prefix)
+    marks = tokenizer.mark_ids
+    mark_probs: list[tuple[float, float]] = []
     sum_logprob = 0.0
     looped = False
     capped = max_new > 0
     for _ in range(max(0, max_new)):
+        # the marks' weight before the timestamp rules (the batched decoders read it alike)
+        mark_probs.append(tuple((step_logits[marks] - torch.logsumexp(step_logits, -1))
+                                .exp().tolist()))
         filt.apply(step_logits, generated)
         if options.temperature > 0:
             probs = torch.softmax(step_logits / options.temperature, dim=-1)
@@ -208,6 +229,8 @@ def decode_window(
     text = tokenizer.decode([t for t in generated if t < special.timestamp_begin])
     n_new = len(generated) - len(prefix)
     return DecodeResult(
+        mark_probs=tuple(mark_probs[: n_new + (not capped and not looped)]),
+        n_forced=len(prefix),
         tokens=tuple(generated),
         sum_logprob=sum_logprob,
         avg_logprob=sum_logprob / (n_new + 1),

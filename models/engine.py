@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import copy
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -250,9 +250,11 @@ class WhisperEngine:
         n_known_tokens: int = 0,
         cross_from: KVCache | None = None,
         language: str | None = None,
+        marks_after: Sequence[tuple[float, float] | None] | None = None,
     ) -> list[WordTiming]:
         """Word timings; words of the first ``n_known_tokens`` tokens are left out. Words of
-        scripts without spaces are characters (``models.words``)."""
+        scripts without spaces are characters (``models.words``). ``marks_after``: see
+        ``align_words``."""
         with torch_threads(self.decoder_threads):
             return align_words(
                 self.model.decoder,
@@ -265,6 +267,7 @@ class WhisperEngine:
                 n_known_tokens,
                 cross_from,
                 word_splitter(self.tokenizer, language or self.language),
+                marks_after,
             )
 
     def transcribe_window(
@@ -306,7 +309,8 @@ class WhisperEngine:
         if policy.silent(result):
             return WindowResult(result, (), False, bool(prefix))
         text = result.text_tokens(ts)
-        words = within_segments(self.align(feats, text, n_frames, n_prefix, cross, language),
+        words = within_segments(self.align(feats, text, n_frames, n_prefix, cross, language,
+                                           result.marks_after_text(ts)),
                                 result.tokens, ts)
         return WindowResult(result, tuple(words), True, bool(prefix))
 

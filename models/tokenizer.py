@@ -44,6 +44,13 @@ class WhisperTokenizer:
             translate=tid("<|translate|>"),
             first_language=tid("<|en|>") if multilingual else None,
         )
+        # the full stop and the comma as Whisper writes them after a word (one token each)
+        self.mark_ids = [self.encode(".")[0], self.encode(",")[0]]
+        # single tokens of marks that close a word (its letters end before them)
+        self.closing_ids = frozenset(
+            ids[0] for ids in map(self.encode, (".", ",", "?", "!", ";", ":", "...", "。", "，",
+                                                "？", "！"))
+            if len(ids) == 1)
         self._languages = {}
         if multilingual:
             vocab = self._tok.get_vocab()

@@ -62,6 +62,9 @@ class Word:
     end_ns: int
     probability: float = 1.0
     joined: bool = False
+    # (p('.'), p(',')) as Whisper weighed them after the word's letters, whatever it wrote there
+    # (None: not known); evidence for the punctuation, not part of the word's identity
+    mark_p: tuple[float, float] | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True, slots=True)

@@ -58,6 +58,8 @@ def test_windows_with_prompt_and_forced_prefix_equal_the_single_stream_engine(
         for a, b in zip(res.words, ref.words, strict=True):
             assert abs(a.start_s - b.start_s) <= 0.021 and abs(a.end_s - b.end_s) <= 0.021
             assert np.isclose(a.probability, b.probability, atol=1e-4, equal_nan=True)
+            # what Whisper weighed after each word (the deadline's comma rule reads it)
+            assert a.mark_p is not None and np.allclose(a.mark_p, b.mark_p, atol=1e-4), (a, b)
     assert windows.n_decode_calls >= 1
 
 

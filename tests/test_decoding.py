@@ -51,3 +51,30 @@ def test_prefix_words_are_not_returned_again(engine, speech_clips):
     assert [w.text for w in prefixed.words] == [w.text for w in full.words[n_known:]]
     for a, b in zip(prefixed.words, full.words[n_known:], strict=True):
         assert abs(a.start_s - b.start_s) <= 0.1 and abs(a.end_s - b.end_s) <= 0.1
+
+
+def test_words_carry_the_marks_whisper_weighed_after_them(engine, speech_clips):
+    """Each decoded word carries (p('.'), p(',')) of the step after its letters: where Whisper
+    wrote a full stop or a comma it weighed that mark over the other, and every word of a
+    decode after a forced prefix carries them too (the deadline's comma rule reads them)."""
+    clip = next(c for c in speech_clips if "0920" in str(c.path))  # "woman, he ... was."
+    audio = load_audio(clip.path)
+    out = engine.transcribe_window(audio)
+    tok = engine.tokenizer
+    n_text = len(out.decode.text_tokens(tok.special.timestamp_begin))
+    assert len(out.decode.mark_probs) == len(out.decode.tokens) + 1  # the end of text's step
+    assert len(out.decode.marks_after_text(tok.special.timestamp_begin)) == n_text
+    words = [w for w in out.words if w.text.strip() not in ("Mr.", "Mrs.")]
+    assert all(w.mark_p is not None for w in words)
+    stops = [w.mark_p for w in words if w.text.endswith(".")]
+    commas = [w.mark_p for w in words if w.text.endswith(",")]
+    bare = [w.mark_p for w in words if w.text.strip()[-1].isalnum()]
+    assert stops and commas and bare
+    assert all(p_stop > p_comma for p_stop, p_comma in stops), stops
+    assert all(p_comma > p_stop for p_stop, p_comma in commas), commas
+    assert all(p_stop < 0.5 and p_comma < 0.5 for p_stop, p_comma in bare), bare
+    n_known = 4
+    prefix = (tok.special.timestamp_begin, *tok.encode("".join(w.text for w in
+                                                               out.words[:n_known])))
+    after = engine.transcribe_window(audio, prefix=prefix)
+    assert after.words and all(w.mark_p is not None for w in after.words)

@@ -14,6 +14,7 @@ import dataclasses
 import os
 from pathlib import Path
 
+import numpy as np
 import pytest
 import soundfile as sf
 import torch
@@ -59,5 +60,9 @@ def test_windows_on_cuda_keep_the_cpu_engines_words_and_marks(engines, graphs, s
     got = gpu.transcribe([WindowJob(window, prompt, DEFAULT_POLICY, DEFAULT_OPTIONS, prefix,
                                     None, span)])[0]
     assert [w.text for w in got.words] == [w.text for w in want.words]
+    # the marks Whisper weighed after each word, which the punctuation reads at a deadline
+    for a, b in zip(got.words, want.words, strict=True):
+        assert a.mark_p is not None and b.mark_p is not None, (a, b)
+        assert np.allclose(a.mark_p, b.mark_p, atol=2e-3), (a, b)
     if seconds == 0:  # the whole sentence: Whisper's commas are in it
         assert sum(w.text.endswith(",") for w in want.words) >= 2

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 import pytest
 
@@ -47,6 +48,8 @@ def test_config_is_validated() -> None:
         PunctConfig(left_context_words=0)
     with pytest.raises(ConfigError, match="recogniser_marks must be true or false"):
         PunctConfig(recogniser_marks="yes")  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match=r"comma_weight must be in 0\.0\.\.1\.0"):
+        PunctConfig(comma_weight=1.5)
     assert PunctConfig(right_context_words=5).right_context_words == 5
 
 
@@ -291,6 +294,53 @@ def test_a_full_stop_whisper_wrote_with_little_after_it_is_the_taggers_to_decide
     out = PunctStream(tagger).update(words[:n], after, after[-1].end_ns,
                                      decide_until_ns=words[n - 1].end_ns)
     assert render(out.final).endswith(shown), render(out.final)
+
+
+def _weighed(words: list[Word], word: str, probs: tuple[float, float] | None) -> list[Word]:
+    """``words`` with Whisper's mark probabilities ``probs`` (p('.'), p(',')) on ``word``."""
+    return [replace(w, mark_p=probs) if w.text == word else w for w in words]
+
+
+@pytest.mark.parametrize(("probs", "config", "shown"), [
+    ((0.45, 0.31), PunctConfig(), "feats of strength, round his"),
+    ((0.80, 0.10), PunctConfig(), "feats of strength. Round his"),  # a sure full stop
+    ((0.45, 0.15), PunctConfig(), "feats of strength. Round his"),  # a comma barely weighed
+    (None, PunctConfig(), "feats of strength. Round his"),          # not known
+    ((0.45, 0.31), PunctConfig(comma_weight=0.0), "feats of strength. Round his"),  # off
+])
+def test_a_full_stop_whisper_was_unsure_of_is_a_comma_where_it_weighed_one(
+        tagger: PunctTagger, probs: tuple[float, float] | None, config: PunctConfig,
+        shown: str) -> None:
+    """Deadline mode at D = 2 s (dev, LibriTTS 5895): the decode that decided "strength" had
+    1.5 s of audio after it and wrote "strength. Round his neck", unsure (p('.') 0.45, p(',')
+    0.31); with 3 s Whisper writes the comma that the sentence has. The comma it weighed is
+    written, and the word after it keeps no capital the full stop alone gave it."""
+    spelled = ("Gwynplain had besides for his work and for his feats of strength. Round his "
+               "neck and over his shoulders").split()
+    words, n = _paused_after(spelled, "strength.")
+    words = _weighed(words, "strength.", probs)
+    stream = PunctStream(tagger, config)
+    out = stream.update(words[:n + 2], words[n + 2:], words[-1].end_ns,
+                        decide_until_ns=words[n + 1].end_ns)
+    assert render(out.final).endswith(shown), render(out.final)
+
+
+def test_a_comma_whisper_weighed_but_left_out_is_written(tagger: PunctTagger) -> None:
+    """Held to its deadline Whisper left out a comma it already weighed (dev, LJ001-0012,
+    "the wood cutters of the Netherlands, by a similar process": p(',') 0.25 with 1.5 s after
+    it); not weighed, no comma is added; and the rule is for deadline decisions only."""
+    spelled = ("for centuries before the wood cutters of the Netherlands by a similar process "
+               "of printing").split()
+    words, n = _paused_after(spelled, "Netherlands")
+    for probs, deadline, shown in (((0.02, 0.25), True, "Netherlands, by"),
+                                   ((0.02, 0.05), True, "Netherlands by"),
+                                   ((0.02, 0.25), False, "Netherlands by")):
+        timed = _weighed(words, "Netherlands", probs)
+        until = timed[n + 1].end_ns if deadline else None
+        out = PunctStream(tagger).update(timed[:n + 2], timed[n + 2:], timed[-1].end_ns,
+                                         decide_until_ns=until)
+        text = render([*out.final, *out.provisional])
+        assert shown in text, (probs, deadline, text)
 
 
 def test_a_streams_last_word_keeps_its_full_stop_when_due_at_the_flush() -> None:

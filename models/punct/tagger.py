@@ -21,7 +21,7 @@ from subd.errors import ModelError
 
 from .features import Featuriser, Vocabulary, evidence_ids, right_context, stack
 from .model import N_TAGS, NetConfig, PunctNet, tag_index, tag_parts, viterbi
-from .text import SENTENCE_END, RecogniserMark, normalise_word
+from .text import CASES, SENTENCE_END, RecogniserMark, normalise_word
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 WEIGHTS_NAME = "weights.pt"
@@ -94,7 +94,7 @@ class PunctTagger:
         words: Sequence[str],
         pauses_ms: Sequence[float | None] | None = None,
         right_context_complete: bool = True,
-        fixed: Sequence[tuple[str, str] | None] | None = None,
+        fixed: Sequence[tuple[str, str | None] | None] | None = None,
         stream_start: bool = True,
         recogniser: Sequence[RecogniserMark | None] | None = None,
     ) -> list[WordTag]:
@@ -102,7 +102,9 @@ class PunctTagger:
 
         ``right_context_complete``: the last word ends the stream (nothing follows); if False,
         words near the end have little right context and the model knows it. ``fixed[i]``
-        = (punct, case) pins word i (already committed) so the words after it stay consistent.
+        = (punct, case) pins word i (already committed) so the words after it stay consistent;
+        (punct, None) pins only its mark, and the tagger chooses its case and the words after
+        it to fit that mark.
         ``stream_start``: word 0 begins the stream (so it begins a sentence).
         ``recogniser[i]``: what the recogniser wrote for word i (``recogniser_mark``), weighed
         as evidence; None (or a None entry) = unknown, e.g. plain text.
@@ -135,8 +137,10 @@ class PunctTagger:
             for b, (lo, hi, _, _) in enumerate(spans):
                 for i in range(lo, hi):
                     if fixed[i] is not None:
+                        punct, case = fixed[i]
                         allowed[b, i - lo] = False
-                        allowed[b, i - lo, tag_index(*fixed[i])] = True
+                        for c in (CASES if case is None else (case,)):
+                            allowed[b, i - lo, tag_index(punct, c)] = True
         paths = viterbi(emissions.numpy(), mask.sum(axis=1), self._start, self._trans,
                         self._end, allowed)
         probs = torch.sigmoid(brk).numpy()
@@ -159,7 +163,7 @@ def _windows(n: int) -> list[tuple[int, int, int, int]]:
 
 def _consistent(
     tags: list[WordTag],
-    fixed: Sequence[tuple[str, str] | None] | None,
+    fixed: Sequence[tuple[str, str | None] | None] | None,
     stream_start: bool,
     complete: bool,
 ) -> list[WordTag]:
@@ -170,7 +174,7 @@ def _consistent(
     if out and complete and out[last].punct in ("", ",") and (fixed is None or fixed[last] is None):
         out[last] = WordTag(".", out[last].case, 1.0)
     for i in range(len(out)):
-        if fixed is not None and fixed[i] is not None:
+        if fixed is not None and fixed[i] is not None and fixed[i][1] is not None:
             continue
         starts = out[i - 1].punct in SENTENCE_END if i else stream_start
         if starts and out[i].case == "lower":

@@ -152,11 +152,13 @@ class RecogniserMark:
     punct: str
     case: str
     n_after: int | None = None
+    probs: tuple[float, float] | None = None  # (p('.'), p(',')) it weighed there (Word.mark_p)
 
 
-def recogniser_mark(text: str, n_after: int | None = None) -> RecogniserMark:
+def recogniser_mark(text: str, n_after: int | None = None,
+                    probs: tuple[float, float] | None = None) -> RecogniserMark:
     """The recogniser's own mark and case in its spelling of a word ("Mr." has no mark)."""
     labelled = label_text(text)
     if not labelled:
-        return RecogniserMark("", "lower", n_after)
-    return RecogniserMark(labelled[-1].punct, labelled[0].case, n_after)
+        return RecogniserMark("", "lower", n_after, probs)
+    return RecogniserMark(labelled[-1].punct, labelled[0].case, n_after, probs)

@@ -77,6 +77,15 @@ class PunctConfig:
     # 0.40 -> 0.67 ("antecedents, nor"; offline 0.67); held-out 0.50 and espeak-ng 0.67 at
     # D = 1, 2, 4 s unchanged, every other figure equal
     tagger_commas: bool = True
+    # Deadline mode: where Whisper weighed a comma after a word at least ``comma_weight`` and
+    # a full stop under ``sure_stop`` (less than even odds), the word gets a comma, whatever
+    # Whisper wrote there ("." or nothing; Word.mark_p). Decided with the ~1.5 s of audio
+    # after it that D = 2 s leaves, Whisper writes a full stop where, with 3 s, it writes a
+    # comma ("feats of strength, round his"), and leaves a comma out that it already weighs.
+    # subd bench quality --sets dev --per-clip --pace cpu --update-ms 300,170, D = 2 s:
+    # '.' / ',' F1 0.86 / 0.52 -> 0.94 / 0.65 (offline 0.89 / 0.60), chosen there; 0: off
+    comma_weight: float = 0.2
+    sure_stop: float = 0.5
 
     def __post_init__(self) -> None:
         _check("right_context_words", self.right_context_words, 1, 32)
@@ -85,6 +94,8 @@ class PunctConfig:
         _check("left_context_words", self.left_context_words, 1, 256)
         _check("max_pending_words", self.max_pending_words, self.right_context_words + 1, 512)
         _check("trust_recogniser_after_words", self.trust_recogniser_after_words, 0, 64)
+        _check("comma_weight", self.comma_weight, 0.0, 1.0)
+        _check("sure_stop", self.sure_stop, 0.0, 1.0)
         for key in ("recogniser_marks", "tagger_commas"):
             if not isinstance(getattr(self, key), bool):
                 raise ConfigError(
@@ -98,6 +109,15 @@ def edge_mark_set_aside(punct: str, mark: RecogniserMark, pause_ms: float | None
     ``min_pause_ms`` after it. Whisper closes a decode with a full stop whatever was said; a
     question or exclamation mark there is evidence ("what do you think?", tests/test_punct_e2e)."""
     return punct == "." and mark.n_after == 0 and (pause_ms is None or pause_ms < min_pause_ms)
+
+
+def comma_weighed(mark: RecogniserMark, comma_weight: float, sure_stop: float) -> bool:
+    """Whisper wrote a full stop it was unsure of, or no mark, where it weighed a comma at
+    ``comma_weight`` or more (``PunctConfig.comma_weight``)."""
+    if not comma_weight or mark.probs is None or mark.punct not in ("", "."):
+        return False
+    stop, comma = mark.probs
+    return comma >= comma_weight and stop < sure_stop
 
 
 def _check(key: str, value: float, lo: float, hi: float) -> None:
@@ -189,7 +209,7 @@ class PunctStream:
                 raise ValueError(f"committed word {w.text!r} starts long before the previous one")
             self._last_end_ns = max(self._last_end_ns, w.end_ns)
         self._pending.extend(committed)
-        self._pending_marks += [recogniser_mark(w.text, n_decoded - 1 - i)
+        self._pending_marks += [recogniser_mark(w.text, n_decoded - 1 - i, w.mark_p)
                                 for i, w in enumerate(committed)]
 
     def _n_ready(self, tail: Sequence[Word], after_last_ns: int | None) -> int:
@@ -219,14 +239,15 @@ class PunctStream:
         marks: list[RecogniserMark] | None = None
         if self.config.recogniser_marks:
             marks = [m for _, m in self._left] + self._pending_marks
-            marks += [recogniser_mark(w.text, len(tail) - 1 - i) for i, w in enumerate(tail)]
+            marks += [recogniser_mark(w.text, len(tail) - 1 - i, w.mark_p)
+                      for i, w in enumerate(tail)]
         pauses = pauses_ms_of(window, audio_end_ns)
+        commas = self._weighed_commas(marks, len(left)) if deadline else set()
         # The tag stage may run at every tick; re-tag only when the input changed.
         key = (self._n_final, len(self._pending), tuple(tail), complete,
-               int(pause_buckets(pauses[-1:], 1)[0]))
+               int(pause_buckets(pauses[-1:], 1)[0]), deadline)
         if key != self._memo_key:
-            fixed: list[tuple[str, str] | None] = [(t.punct, t.case) for t in left]
-            fixed += [None] * (len(window) - len(left))
+            fixed = self._fixed(len(window), commas)
             self._memo_tags = self.tagger.tag(
                 [w.text for w in window], pauses, right_context_complete=complete,
                 fixed=fixed, stream_start=self._n_final == 0, recogniser=marks,
@@ -235,7 +256,8 @@ class PunctStream:
         tags = self._memo_tags
         if marks is not None and not complete:
             if self._memo_edge[0] != (key, n_decide):
-                checked = self._edge_checked(window, pauses, marks, len(left), n_decide, tags)
+                checked = self._edge_checked(window, pauses, marks, len(left), n_decide, tags,
+                                             commas)
                 self._memo_edge = ((key, n_decide), checked)
             tags = self._memo_edge[1]
         k_trust = self.config.trust_recogniser_after_words
@@ -245,7 +267,7 @@ class PunctStream:
             for i in range(min(n_decide, len(tags))):
                 mark = marks[len(left) + i]
                 if mark.n_after is not None and mark.n_after >= k_trust:
-                    punct = mark.punct
+                    punct = "," if len(left) + i in commas else mark.punct
                     if not punct and self.config.tagger_commas and tags[i].punct == ",":
                         punct = ","
                     tags[i] = WordTag(punct, mark.case, tags[i].break_after)
@@ -260,6 +282,22 @@ class PunctStream:
         self._pending_marks = self._pending_marks[n_decide:]
         self._n_final += len(final)
         return PunctUpdate(final, provisional)
+
+    def _weighed_commas(self, marks: list[RecogniserMark] | None, n_left: int) -> set[int]:
+        """Window positions after the decided words whose comma Whisper weighed
+        (``comma_weighed``): the tagger is held to a comma there, its case and the words after
+        it free to fit."""
+        cfg = self.config
+        if marks is None or not cfg.comma_weight:
+            return set()
+        return {k for k in range(n_left, len(marks))
+                if comma_weighed(marks[k], cfg.comma_weight, cfg.sure_stop)}
+
+    def _fixed(self, n: int, commas: set[int]) -> list[tuple[str, str | None] | None]:
+        """The tagger's pins: the decided words' tags, and a comma where Whisper weighed one."""
+        fixed: list[tuple[str, str | None] | None] = [(t.punct, t.case) for t, _ in self._left]
+        fixed += [(",", None) if k in commas else None for k in range(len(fixed), n)]
+        return fixed
 
     def _sentence_case(self, tags: list[WordTag], own: Sequence[WordTag], trusted: list[int],
                        marks: list[RecogniserMark], n_left: int) -> list[WordTag]:
@@ -289,7 +327,7 @@ class PunctStream:
 
     def _edge_checked(
         self, window: list[Word], pauses: list[float | None], marks: list[RecogniserMark],
-        n_left: int, n_decide: int, tags: list[WordTag],
+        n_left: int, n_decide: int, tags: list[WordTag], commas: set[int],
     ) -> list[WordTag]:
         """Chunk-edge rule: a word the recogniser wrote with a full stop at the very end of
         its decoded window (nothing decoded after it) may end a sentence on that mark only with
@@ -309,11 +347,9 @@ class PunctStream:
         hidden: list[RecogniserMark | None] = list(marks)
         for k in suspect:
             hidden[k] = None
-        fixed: list[tuple[str, str] | None] = [(t.punct, t.case) for t, _ in self._left]
-        fixed += [None] * (len(window) - n_left)
         alt = self.tagger.tag([w.text for w in window], pauses, right_context_complete=False,
-                              fixed=fixed, stream_start=self._n_final == 0,
-                              recogniser=hidden)[n_left:]
+                              fixed=self._fixed(len(window), commas),
+                              stream_start=self._n_final == 0, recogniser=hidden)[n_left:]
         self.n_edge_marks_set_aside += sum(alt[k - n_left].punct not in SENTENCE_END
                                            for k in suspect)
         return alt

@@ -38,7 +38,7 @@ def hypothesis_words(timings: Sequence[WordTiming], offset_ns: int) -> list[Word
             continue
         words.append(Word(text=text, start_ns=offset_ns + int(w.start_s * 1e9),
                           end_ns=offset_ns + int(w.end_s * 1e9), probability=w.probability,
-                          joined=w.joined))
+                          joined=w.joined, mark_p=w.mark_p))
     return words
 
 
@@ -184,7 +184,7 @@ def _rest_of_cut_word(word: Word, last: Word) -> Word:
     rest = text[letters[len(head) - 1] + 1:]
     if not rest.startswith("-") or not norm_word(rest):
         return word  # "Fives" after "Five" is another word, not the rest of it
-    return Word(rest, word.start_ns, word.end_ns, word.probability, joined=True)
+    return replace(word, text=rest, joined=True)
 
 
 def stacked_tail_cut(words: list[Word], end_ns: int) -> list[Word]:
