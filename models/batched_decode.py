@@ -38,12 +38,12 @@ def bytes_per_row(dims, dtype: torch.dtype, max_new: int) -> int:
     """What :class:`DecodeBuffers` hold on the device for each of their rows: every decoder
     layer's self- and cross-attention keys and values (the cross ones over Whisper's whole
     1500 frames; large-v3 in float16: 319 MB a row), the logits, the output tokens with their
-    log-probabilities, and the per-row state."""
+    log-probabilities and mark probabilities, and the per-row state."""
     kv = dims.n_text_layer * 2 * dims.n_text_state * (dims.n_text_ctx + dims.n_audio_ctx) \
         * dtype.itemsize
     state = 8 * (8 + MAX_GRAM) + 4 + 3  # 8 long counters and tokens, the n-gram runs,
     # the temperature, 3 flags
-    return kv + 4 * dims.n_vocab + 12 * max_new + state
+    return kv + 4 * dims.n_vocab + 20 * max_new + state  # token 8, log-prob 4, marks 2 x 4
 
 
 class DecodeBuffers:
