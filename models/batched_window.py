@@ -40,6 +40,7 @@ from subd.models.decoding import (
     DecodeResult,
     compression_ratio,
     periodic_tail_start,
+    steps_recorded,
 )
 from subd.models.engine import (
     FULL_SPAN,
@@ -340,8 +341,7 @@ class WindowEngine:
             if keep is not None:
                 tokens, looped = tokens[: m + keep], True
         text = self.tokenizer.decode([x for x in tokens if x < ts])
-        n_steps = len(tokens) - m + (not capped and not looped)  # the end of text's step too
-        steps = marks[m : m + n_steps].tolist()
+        steps = marks[m : m + steps_recorded(len(tokens) - m, capped, looped)].tolist()
         return DecodeResult(tuple(tokens), sum_lp, sum_lp / (n_new + 1), no_speech, temperature,
                             compression_ratio(text), looped, capped,
                             tuple((a, b) for a, b in steps), m)

@@ -66,6 +66,12 @@ class DecodeResult:
         return out
 
 
+def steps_recorded(n_new: int, capped: bool, looped: bool) -> int:
+    """How many decode steps a result's ``mark_probs`` keeps: one per new token, and the end
+    of text's own step where the decode ended there (not cut by its budget or a loop)."""
+    return n_new + (not capped and not looped)
+
+
 def compression_ratio(text: str) -> float:
     data = text.encode("utf-8")
     return len(data) / len(zlib.compress(data)) if data else 0.0
@@ -229,7 +235,7 @@ def decode_window(
     text = tokenizer.decode([t for t in generated if t < special.timestamp_begin])
     n_new = len(generated) - len(prefix)
     return DecodeResult(
-        mark_probs=tuple(mark_probs[: n_new + (not capped and not looped)]),
+        mark_probs=tuple(mark_probs[: steps_recorded(n_new, capped, looped)]),
         n_forced=len(prefix),
         tokens=tuple(generated),
         sum_logprob=sum_logprob,
