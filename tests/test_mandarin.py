@@ -123,12 +123,17 @@ def aishell(tmp_path_factory) -> dict:
             "offline": transcribe_offline(wav, d)}
 
 
+# the suite streams each bench set's first clips (those of 2026-12-02: 49 and 39 characters),
+# not all of them (177 and 276): the four daemon-path runs would take ~20 min, not ~5
+FIRST_CLIPS = {"zh-dev": 4, "zh-heldout": 2}
+
+
 def bench_set(name: str, tmp_path_factory) -> dict:
-    """A set of ``subd bench quality --language zh`` (subd.bench.quality_zh: its clips joined
-    with 0.75 s of silence), its reference and its offline transcript."""
+    """The first clips of a set of ``subd bench quality --language zh`` (subd.bench.quality_zh:
+    its clips joined with 0.75 s of silence), their reference and their offline transcript."""
     from subd.bench.quality_zh import ZH_SETS, build_zh_set
 
-    cset = build_zh_set(name, ZH_SETS[name])
+    cset = build_zh_set(name, ZH_SETS[name][:FIRST_CLIPS[name]])
     d = tmp_path_factory.mktemp(name)
     wav = str(d / f"{name}.wav")
     sf.write(wav, cset.audio, 16000, subtype="PCM_16")
@@ -449,28 +454,42 @@ def test_daemon_path_cer_within_2_points_of_transcribe(daemon_runs, speech, lang
 
 
 def test_the_mandarin_bench_sets_are_split_and_carry_their_texts():
-    """zh-dev (the AISHELL-1 clips tuned on, FunASR's regression clip) and zh-heldout (two demo
-    sentences never tuned on) share no clip; each text is the clip's, as transcripts.tsv says."""
+    """zh-dev and zh-heldout share no clip and no speaker; each text is the clip's, as
+    transcripts.tsv says; the suite's first clips are the AISHELL-1 clips tuned on and FunASR's
+    regression clip (dev), two demo sentences never tuned on (held-out)."""
     from subd.bench.quality_zh import ZH_DEV_CLIPS, ZH_HELDOUT_CLIPS, build_zh_set
 
     assert not set(ZH_DEV_CLIPS) & set(ZH_HELDOUT_CLIPS)
-    assert set(AISHELL) == {f"{c}.wav" for c in ZH_DEV_CLIPS if c.startswith("aishell")}
+
+    def speakers(clips):  # AISHELL-1's BAC009S0764W0121 -> S0764, THCHS-30's a2_0 -> a2
+        return {c.split("-")[1][6:11] if c.startswith("aishell") else c.split("-")[1][:2]
+                for c in clips if c.startswith(("aishell", "thchs30"))}
+    assert not speakers(ZH_DEV_CLIPS) & speakers(ZH_HELDOUT_CLIPS)
+    assert speakers(ZH_DEV_CLIPS) >= {"s0764", "s0724", "d4"}
+    assert set(AISHELL) == {f"{c}.wav" for c in ZH_DEV_CLIPS[:FIRST_CLIPS["zh-dev"]]
+                            if c.startswith("aishell")}
     dev, held = (build_zh_set(n, c) for n, c in (("zh-dev", ZH_DEV_CLIPS),
                                                  ("zh-heldout", ZH_HELDOUT_CLIPS)))
-    assert (len(units(dev.ref)), len(units(held.ref))) == (49, 39)
-    assert dev.ref.startswith("甚至出现交易") and held.ref.endswith("语音识别模型")
-    # 4 clips of 4.1-6.0 s and 2 of 5.0-5.5 s, each followed by 0.75 s of silence
-    assert 21 < len(dev.audio) / 16000 < 23 and 12 < len(held.audio) / 16000 < 13
+    assert (len(units(dev.ref)), len(units(held.ref))) == (177, 276)
+    assert dev.ref.startswith("甚至出现交易") and held.ref.startswith("我认为跑步")
+    assert held.ref.endswith("还有光风丽日")
+    # 12 clips of 2.9-9.7 s and 12 of 3.9-10.8 s, each followed by 0.75 s of silence
+    assert 67 < len(dev.audio) / 16000 < 70 and 101 < len(held.audio) / 16000 < 104
+    first = {n: build_zh_set(n, c[:FIRST_CLIPS[n]])
+             for n, c in (("zh-dev", ZH_DEV_CLIPS), ("zh-heldout", ZH_HELDOUT_CLIPS))}
+    assert [len(units(s.ref)) for s in first.values()] == [49, 39]
 
 
 def test_bench_quality_in_mandarin_prints_cer_against_offline_and_each_decision(tmp_path):
-    """The held-out set on the daemon's path at D = 2 s, base's costs on one core modelled:
-    the offline row, the streamed row with its CER and its difference to offline, and with
-    --show each decision (characters with the audio heard after them). ~40 s on this CPU."""
+    """The held-out set's first two clips on the daemon's path at D = 2 s, base's costs on one
+    core modelled: the offline row, the streamed row with its CER and its difference to
+    offline, and with --show each decision (characters with the audio heard after them). ~40 s
+    on this CPU."""
     out_json = tmp_path / "zh.json"
     proc = subprocess.run([sys.executable, "-m", "subd.cli", "bench", "quality", "--language",
-                           "zh", "--sets", "heldout", "--latencies", "2000", "--pace", "cpu",
-                           "--update-ms", "1350,400", "--show", "--json", str(out_json)],
+                           "zh", "--sets", "heldout", "--max-clips", "2", "--latencies", "2000",
+                           "--pace", "cpu", "--update-ms", "1350,400", "--show",
+                           "--json", str(out_json)],
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
     table = proc.stdout.split("D (ms)")[-1]
