@@ -169,6 +169,21 @@ def test_a_pause_alone_commits_english_and_a_pause_that_speech_follows_commits_c
     assert utterance_end(vad, None, words, 0, int(4.7 * 16000), 600) == len(words)
 
 
+def test_an_utterance_starts_after_the_last_pause_before_a_point():
+    """settle.utterance_start: the start of the speech that runs into a point, where a pause
+    lies between it and the first sample; the point itself inside a pause, or where speech runs
+    back to the first sample."""
+    from subd.recognise.settle import utterance_start
+
+    vad = _SpeechAt((0.0, 4.0), (4.75, 9.0), (9.75, 12.0))
+    s = 16000
+    assert utterance_start(vad, None, 0, 6 * s) == int(4.75 * s)  # mid-utterance: its start
+    assert utterance_start(vad, None, 2 * s, 11 * s) == int(9.75 * s)
+    assert utterance_start(vad, None, 0, int(4.5 * s)) == int(4.5 * s)  # in the pause
+    assert utterance_start(vad, None, 5 * s, 8 * s) == 8 * s  # no pause after the first sample
+    assert utterance_start(vad, None, 8 * s, 8 * s) == 8 * s
+
+
 @pytest.mark.parametrize("language", ["zh", "en"])
 def test_a_chinese_utterance_commits_from_a_decode_that_heard_the_speech_after_its_pause(
         language):
@@ -215,3 +230,60 @@ def test_a_chinese_utterance_commits_from_a_decode_that_heard_the_speech_after_i
         assert committed.startswith("城市虽然") and head == ""
     else:
         assert committed.startswith("尝试孙然")  # by agreement, long before the pause
+
+
+@pytest.mark.parametrize("language", ["zh", "en"])
+def test_a_chinese_window_moves_on_to_the_start_of_an_utterance(language):
+    """Deadline mode: once the window holds trim_after_ms of committed audio it moves up to the
+    commit point, keeping 1 s before it. A Chinese decode reads its window freely from the start
+    (no forced prefix), so its window starts at the pause before the utterance that second is
+    in, not inside it (dev AISHELL: a window begun 0.8 s before an utterance's end read 领够
+    for 令购, and one decode read only 来; docs/MEASUREMENTS.md, "Mandarin on four times the
+    speech"). English keeps its second: its committed words are forced as the prefix. Every
+    character is committed once either way."""
+    from subd.models.alignment import WordTiming
+    from subd.models.decoding import DecodeResult
+    from subd.models.engine import WindowResult
+    from subd.recognise.streaming import StreamingRecognizer
+    from subd.scoring.punct import stream_hypotheses
+
+    spans = [(4.1 * i, 4.1 * i + 3.5) for i in range(7)]  # 3.5 s utterances, 0.6 s pauses
+    spoken = [(a + 0.25 * k, a + 0.25 * (k + 1)) for a, b in spans for k in range(14)]
+    text = "一二三四五六七八九十上下大小人口日月山水" * 5  # the same in either script
+    starts: list[float] = []
+
+    class Base:
+        class tokenizer:  # the committed text as a prompt or prefix: no tokens needed here
+            multilingual = False
+            special = type("special", (), {"timestamp_begin": 50364})
+
+            @staticmethod
+            def encode(text):
+                return []
+
+        def transcribe_window(self, audio, prompt=None, policy=None, prefix=(), **_):
+            first = rec.state.window_start / 16000
+            starts.append(first)
+            last = first + len(audio) / 16000
+            cut = max([w.end_ns / 1e9 for w in rec.state.committed], default=first) \
+                if prefix else first  # a forced prefix: only the words after it are decoded
+            words = [WordTiming(text[i], (), a - first, b - first, 0.9)
+                     for i, (a, b) in enumerate(spoken) if a >= cut - 0.01 and b <= last]
+            decode = DecodeResult((), -1.0, -0.1, 0.0, 0.0, 1.0, False)
+            return WindowResult(decode, tuple(words), True, prefix_used=bool(prefix))
+
+    rec = StreamingRecognizer("base", engine=Base(), language=language,
+                              trim_after_ms=6000, full_span_trim_after_ms=6000)
+    rec.vad = _SpeechAt(*spans)
+    audio = np.zeros(int(spans[-1][1] * 16000) + 16000, np.float32)
+    hyps = stream_hypotheses(rec, audio, 16000 // 5, deadline_context_ns=1_500_000_000)
+    committed = [w.text for h in hyps for w in h.committed]
+    assert "".join(committed) == text[:len(spoken)]
+    moved = sorted({s for s in starts if s > 0})
+    assert moved  # the window moved on
+    inside = [s for s in moved if any(a + 0.01 < s < b for a, b in spans)]
+    if language == "zh":
+        assert not inside, moved
+        assert all(min(abs(s - a) for a, _ in spans) < 0.01 for s in moved), moved
+    else:
+        assert inside, moved

@@ -89,6 +89,18 @@ def utterance_end(vad: VoiceActivityDetector, audio, words: Sequence[Word], wind
     return 0
 
 
+def utterance_start(vad: VoiceActivityDetector, audio, first: int, at: int) -> int:
+    """Where the utterance that runs into sample ``at`` begins: the start of the last VAD
+    speech region in [first, at) (its padding included), or ``at`` itself where a pause is
+    there already or where the speech runs back to ``first`` (no pause found to start at)."""
+    if first >= at:
+        return at
+    regions = vad.regions_at(audio, first, at)
+    if not regions or first + regions[-1][1] < at or regions[-1][0] == 0:
+        return at
+    return first + regions[-1][0]
+
+
 # a word is heard when a speech onset lies within this of it: DTW moves word edges by
 # 100-200 ms, and a short word squeezed to no duration sits at the edge of the speech it was
 HEARD_MARGIN_MS = 150

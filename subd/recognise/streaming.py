@@ -48,7 +48,14 @@ from subd.recognise.readings import (
     restated_tail_dropped,
     stacked_tail_cut,
 )
-from subd.recognise.settle import has_speech, heard, settled_end, speech_onset, utterance_end
+from subd.recognise.settle import (
+    has_speech,
+    heard,
+    settled_end,
+    speech_onset,
+    utterance_end,
+    utterance_start,
+)
 from subd.recognise.vad import VoiceActivityDetector
 from subd.types import (
     SAMPLE_RATE_HZ,
@@ -368,7 +375,13 @@ class StreamingRecognizer:
         if commit_sample - st.window_start >= keep_ms * SAMPLE_RATE_HZ // 1000:
             # keep a second before the commit point: a cut exactly at a word boundary (±100 ms
             # from DTW) clips the next word's onset; the repeated words are dropped again
-            st.window_start = max(st.window_start, min(commit_sample, end) - lead_in)
+            start = max(st.window_start, min(commit_sample, end) - lead_in)
+            if self.vad is not None and not st.stalled and \
+                    not self.languages.policy(c, self.deadline_mode).force_committed_prefix:
+                # a free decode (Chinese, Japanese) reads its window from the start: begun
+                # mid-utterance, it reads a fragment first and the characters after it worse
+                start = utterance_start(self.vad, self.audio, st.window_start, start)
+            st.window_start = start
         if pause_commit and self.vad is not None and st.previous:
             p = self.languages.policy(c, self.deadline_mode)
             n = utterance_end(self.vad, self.audio, st.previous, st.window_start, end,
