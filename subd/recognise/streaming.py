@@ -38,6 +38,7 @@ from subd.models.engine import (
     live_threads,
 )
 from subd.models.words import prompt_of
+from subd.recognise import settle
 from subd.recognise.commit import decide, unread_from
 from subd.recognise.language import LanguageTracker
 from subd.recognise.loops import cut_loop, transcribe_unlooped
@@ -47,14 +48,6 @@ from subd.recognise.readings import (
     hypothesis_words,
     restated_tail_dropped,
     stacked_tail_cut,
-)
-from subd.recognise.settle import (
-    has_speech,
-    heard,
-    settled_end,
-    speech_onset,
-    utterance_end,
-    utterance_start,
 )
 from subd.recognise.vad import VoiceActivityDetector
 from subd.types import (
@@ -207,7 +200,7 @@ class StreamingRecognizer:
                 # "an esclavine of leather" lost. Decode on from the committed words, as long
                 # as that adds words and speech is left after them.
                 for _ in range(FINISH_ROUNDS):
-                    if not newly or (self.vad is not None and speech_onset(
+                    if not newly or (self.vad is not None and settle.speech_onset(
                             self.vad, self.audio, self._commit_sample(), end) is None):
                         break
                     more = self._decode(window, FULL_SPAN)
@@ -229,7 +222,7 @@ class StreamingRecognizer:
 
     def _has_speech(self, first: int, end: int) -> bool:
         """Speech in samples [first, end)? (each frame analysed once: subd.recognise.settle)"""
-        return has_speech(self.vad, self.audio, first, end)
+        return settle.has_speech(self.vad, self.audio, first, end)
 
     def _decode(self, window: np.ndarray, span: EncoderSpan | None = None) -> list[Word]:
         st = self.state
@@ -272,7 +265,7 @@ class StreamingRecognizer:
     def _heard(self, words: list[Word]) -> list[Word]:
         """Deadline mode: the words with speech under them, those heard out (settle.heard);
         in ``finish``, every word (the audio has ended)."""
-        return words if self.vad is None or not self.deadline_mode else heard(
+        return words if self.vad is None or not self.deadline_mode else settle.heard(
             self.vad, self.audio, words, self.state.window_start, self.audio.end_sample,
             stream_end=self._finishing)
 
@@ -357,15 +350,15 @@ class StreamingRecognizer:
 
     def _trim(self, end: int, full_span: bool = False, no_words: bool = False,
               pause_commit: bool = True) -> list[Word]:
-        """Move the window start up to the commit point; commit the tail at a pause (not in
-        deadline mode: a speaker who pauses may go on with the same sentence). A decode that
-        left out speech heard out for ``STALL_SAMPLES`` after the commit point moves it there
-        at once, as offline Whisper seeks to where its transcript stopped (the same window
-        stopped there again at every update), keeping only ``STALL_LEAD_IN_SAMPLES`` before it
-        (with the sentence Whisper had closed in it, it stopped after that sentence again), and
-        the next decode may fall back to higher temperatures (greedy, tiny.en read the far-field
-        AMI clip that follows as "year." and stopped). The dev set's last clip was lost."""
+        """Move the window start up to the commit point (a free decode, which reads from the
+        window's first sample: to the start of an utterance); commit the tail at a pause (not
+        in deadline mode: a speaker who pauses may go on). A decode that left out speech heard
+        out for ``STALL_SAMPLES`` after the commit point moves it there at once, as offline
+        Whisper seeks to where its transcript stopped, keeping ``STALL_LEAD_IN_SAMPLES`` (with
+        the sentence Whisper had closed, it stopped after it again); the next decode may fall
+        back to higher temperatures (greedy, tiny.en read dev's AMI clip as "year.", lost it)."""
         c, st = self.config, self.state
+        p = self.languages.policy(c, self.deadline_mode)
         commit_sample = ns_to_samples(st.committed_end_ns)
         keep_ms = c.full_span_trim_after_ms if full_span else c.trim_after_ms
         after = max(commit_sample, st.window_start)
@@ -375,17 +368,12 @@ class StreamingRecognizer:
         if commit_sample - st.window_start >= keep_ms * SAMPLE_RATE_HZ // 1000:
             # keep a second before the commit point: a cut exactly at a word boundary (±100 ms
             # from DTW) clips the next word's onset; the repeated words are dropped again
-            start = max(st.window_start, min(commit_sample, end) - lead_in)
-            if self.vad is not None and not st.stalled and \
-                    not self.languages.policy(c, self.deadline_mode).force_committed_prefix:
-                # a free decode (Chinese, Japanese) reads its window from the start: begun
-                # mid-utterance, it reads a fragment first and the characters after it worse
-                start = utterance_start(self.vad, self.audio, st.window_start, start)
-            st.window_start = start
+            at = max(st.window_start, min(commit_sample, end) - lead_in)
+            st.window_start = at if p.force_committed_prefix or self.vad is None or st.stalled \
+                else settle.utterance_start(self.vad, self.audio, st.window_start, at)
         if pause_commit and self.vad is not None and st.previous:
-            p = self.languages.policy(c, self.deadline_mode)
-            n = utterance_end(self.vad, self.audio, st.previous, st.window_start, end,
-                              p.pause_commit_ms, p.pause_context_ms)
+            n = settle.utterance_end(self.vad, self.audio, st.previous, st.window_start, end,
+                                     p.pause_commit_ms, p.pause_context_ms)
             newly = self._take(st.previous[:n])
             st.previous, st.previous_streak = st.previous[n:], st.previous_streak[n:]
             return newly
@@ -400,7 +388,7 @@ class StreamingRecognizer:
         st = self.state
         last = st.previous[-1] if st.previous else (st.committed[-1] if st.committed else None)
         last_end = None if last is None else ns_to_samples(last.end_ns)
-        settled = settled_end(self.vad, self.audio, st.window_start, last_end, end)
+        settled = settle.settled_end(self.vad, self.audio, st.window_start, last_end, end)
         st.settled_end = settled if self.deadline_mode else max(st.settled_end, settled)
 
     def _hypothesis(self, newly: list[Word]) -> Hypothesis:
