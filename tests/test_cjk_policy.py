@@ -150,6 +150,17 @@ class _SpeechAt:
                 if a < end and b > first]
 
 
+class _NoTokens:
+    """A stand-in engine's tokenizer: the committed text as a prompt or prefix needs no tokens."""
+
+    multilingual = False
+    special = type("special", (), {"timestamp_begin": 50364})
+
+    @staticmethod
+    def encode(text):
+        return []
+
+
 def test_a_pause_alone_commits_english_and_a_pause_that_speech_follows_commits_chinese():
     """settle.utterance_end: with no context the pause after the last word counts, up to the
     audio end (English, as before); with context, only a pause that speech follows, heard for
@@ -202,13 +213,7 @@ def test_a_chinese_utterance_commits_from_a_decode_that_heard_the_speech_after_i
     first, after = (0.0, 2.0), (3.2, 6.0)
 
     class Base:
-        class tokenizer:  # the committed text as a prompt or prefix: no tokens needed here
-            multilingual = False
-            special = type("special", (), {"timestamp_begin": 50364})
-
-            @staticmethod
-            def encode(text):
-                return []
+        tokenizer = _NoTokens
 
         def transcribe_window(self, audio, prompt=None, policy=None, **_):
             end = len(audio) / 16000
@@ -253,13 +258,7 @@ def test_a_chinese_window_moves_on_to_the_start_of_an_utterance(language):
     starts: list[float] = []
 
     class Base:
-        class tokenizer:  # the committed text as a prompt or prefix: no tokens needed here
-            multilingual = False
-            special = type("special", (), {"timestamp_begin": 50364})
-
-            @staticmethod
-            def encode(text):
-                return []
+        tokenizer = _NoTokens
 
         def transcribe_window(self, audio, prompt=None, policy=None, prefix=(), **_):
             first = rec.state.window_start / 16000
