@@ -315,13 +315,13 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"--latencies {args.latencies!r}: each D must be in 300..20000 ms")
     update_ms(args)  # a bad --update-ms or --set fails before any run
     recognizer_overrides(args.overrides)
+    if not 1 <= args.repeats <= 20 or args.max_clips < 0:
+        raise UserError("--repeats must be in 1..20 and --max-clips >= 0")
     if args.language != "en":
         return run_zh(args, latencies, streamed)
     names = [s.strip() for s in args.sets.split(",") if s.strip()]
     if not names or any(n not in SETS for n in names):
         raise UserError(f"--sets {args.sets!r}: choose from {', '.join(SETS)}")
-    if not 1 <= args.repeats <= 20 or args.max_clips < 0:
-        raise UserError("--repeats must be in 1..20 and --max-clips >= 0")
     if (args.overrides or args.update_ms) and args.pace != "cpu":
         raise UserError("--set and --update-ms work with --pace cpu (the daemon takes its "
                         "configuration and runs at its own speed)")
