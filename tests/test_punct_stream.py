@@ -389,3 +389,22 @@ def test_a_title_keeps_its_period_which_ends_no_sentence(tagger: PunctTagger) ->
     stream = PunctStream(tagger, PunctConfig(right_context_words=2))
     up = stream.update_from(Hypothesis(tuple(words), (), words[-1].end_ns))
     assert render([*up.final, *up.provisional]).startswith("And Mr John")
+
+
+def test_a_tail_weighed_anew_is_tagged_anew(tagger: PunctTagger) -> None:
+    """Two decodes may read the same tentative words at the same times (Whisper's 20 ms steps
+    from the same window start) and weigh their marks differently: the second reading is
+    tagged, not the first one's tags reused."""
+    spelled = ("for centuries before the wood cutters of the Netherlands by a similar process "
+               "of printing").split()
+    words, _ = _paused_after(spelled, "Netherlands")
+    stream = PunctStream(tagger)
+    shown = []
+    for probs in ((0.02, 0.05), (0.02, 0.25), (0.02, 0.05)):
+        tail = _weighed(words, "Netherlands", probs)
+        out = stream.update([], tail, tail[-1].end_ns, decide_until_ns=0)
+        assert not out.final
+        shown.append(render(out.provisional))
+    assert "Netherlands by" in shown[0], shown
+    assert "Netherlands, by" in shown[1], shown
+    assert shown[2] == shown[0], shown

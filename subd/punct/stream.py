@@ -243,9 +243,11 @@ class PunctStream:
                       for i, w in enumerate(tail)]
         pauses = pauses_ms_of(window, audio_end_ns)
         commas = self._weighed_commas(marks, len(left)) if deadline else set()
-        # The tag stage may run at every tick; re-tag only when the input changed.
-        key = (self._n_final, len(self._pending), tuple(tail), complete,
-               int(pause_buckets(pauses[-1:], 1)[0]), deadline)
+        # The tag stage may run at every tick; re-tag only when the input changed. A tail word
+        # compares by text and times, not by what Whisper weighed (Word.mark_p): the next
+        # decode may read the same words at the same times and weigh their marks anew.
+        key = (self._n_final, len(self._pending), tuple(tail), tuple(w.mark_p for w in tail),
+               complete, int(pause_buckets(pauses[-1:], 1)[0]), deadline)
         if key != self._memo_key:
             fixed = self._fixed(len(window), commas)
             self._memo_tags = self.tagger.tag(
