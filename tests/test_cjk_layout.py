@@ -115,3 +115,11 @@ def test_roll_up_keeps_chinese_lines_within_sixteen_characters():
     shown = roll.display("还有")
     assert shown and all(columns(line.text) <= 32 for line in shown)
     assert all(line.text[:1] not in "，。" for line in shown)
+
+
+def test_a_chinese_cue_that_fits_on_one_line_is_one_line():
+    """Eight characters and a comma in the middle fit one line of 16: one line, not "秀妹，" over
+    "失意昂然。" (THCHS-30 A2_0 at D = 2 s)."""
+    ws = words("秀妹,失意昂然。", chars_per_s=3.0)
+    cues, _ = lay_out(ws)
+    assert [c.lines for c in cues] == [("秀妹，失意昂然。",)]

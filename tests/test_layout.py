@@ -121,6 +121,19 @@ def test_breaks_prefer_punctuation_and_tagger_preference() -> None:
     assert cues[0].lines[0] == "alpha beta gamma delta"
 
 
+@pytest.mark.parametrize("break_after", [0.0, 0.9, 1.0])
+def test_a_cue_that_fits_on_one_line_is_one_line(break_after: float) -> None:
+    """A good break place is no reason to break a line that fits (JFK at D = 2 s: "And", a
+    pause the tagger reads as a break, then "so," was shown as two one-word lines)."""
+    words = list(script_words("And so,", words_per_s=2))
+    words[0] = TaggedWord(words[0].word, words[0].text, break_after=break_after)
+    after = script_words("my fellow Americans", words_per_s=3,
+                         start_ns=words[-1].word.end_ns + 2000 * MS)
+    layout = CueLayout()
+    cues = layout.push([*words, *after], after[-1].word.end_ns) + layout.finish()
+    assert [c.lines for c in cues] == [("And so,",), ("my fellow Americans",)]
+
+
 def test_numbers_are_kept_whole() -> None:
     cues = lay_out(LayoutConfig(max_chars_per_line=32), "It cost 1,250,000 dollars in 2024.", 2)
     assert cue_words(cues) == ["It", "cost", "1,250,000", "dollars", "in", "2024."]

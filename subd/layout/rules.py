@@ -176,7 +176,9 @@ def wrap(
     ``strict``: a line may not end where it is forbidden (after an article, before a unit).
 
     Dynamic programming over break positions: the cost favours good break places (punctuation,
-    tagger preference), forbids glue breaks, and prefers balanced, bottom-heavy lines.
+    tagger preference), forbids glue breaks, and prefers balanced, bottom-heavy lines. Text that
+    fits on fewer lines takes fewer, as broadcasters' style guides ask (a cue is one line unless
+    it is too long for one): a good break place alone split "And so," into "And" / "so,".
     """
     n = len(tokens)
     if n == 0:
@@ -206,10 +208,9 @@ def wrap(
                 if cost < best[j][lines]:
                     best[j][lines] = cost
                     back[j][lines] = i
-    options = [(best[n][lines], lines) for lines in range(1, max_lines + 1) if best[n][lines] < inf]
-    if not options:
+    lines = next((k for k in range(1, max_lines + 1) if best[n][k] < inf), None)
+    if lines is None:
         return None
-    _, lines = min(options)
     out: list[list[Token]] = []
     j = n
     while lines > 0:
