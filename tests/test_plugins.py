@@ -19,6 +19,7 @@ from subd.sinks import Sink, available_sinks, load_sink_factory
 from subd.sinks.files import FileSinkConfig, SRTSink, VTTSink
 from subd.sinks.obs import OBSConfig, OBSSink
 from subd.sinks.sse.sink import SSESink
+from subd.sinks.text import TextSink
 from subd.testing.sinks import script_states, script_words
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -59,10 +60,11 @@ def test_a_third_party_sink_is_found_by_name(tmp_path: Path, monkeypatch: pytest
 
 def test_built_ins_implement_the_sink_protocol(tmp_path: Path) -> None:
     sinks = [SSESink(), SRTSink(FileSinkConfig(directory=str(tmp_path))),
-             VTTSink(FileSinkConfig(directory=str(tmp_path))), OBSSink()]
+             VTTSink(FileSinkConfig(directory=str(tmp_path))), OBSSink(), TextSink()]
     for sink in sinks:
         assert isinstance(sink, Sink)
-    assert [s.name for s in sinks] == ["sse", "srt", "vtt", "obs"]
+    assert [s.name for s in sinks] == ["sse", "srt", "vtt", "obs", "text"]
+    assert {s.name for s in sinks} <= set(available_sinks())
 
 
 class FakeOBS:

@@ -7,6 +7,7 @@ import asyncio
 import importlib.util
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -402,14 +403,26 @@ def test_daemon_serves_sse_events_carrying_tick_and_due_time(tmp_path, silent_wa
 
 
 @needs_recogniser
-def test_stream_writes_a_live_srt_of_the_committed_cues(espeak_clips, tmp_path):
+@pytest.mark.parametrize("quiet", [False, True])
+def test_stream_writes_a_live_srt_of_the_committed_cues(espeak_clips, tmp_path, capsys, quiet):
+    """... and prints the same cues on stdout as they are committed, unless --quiet."""
     pysrt = pytest.importorskip("pysrt")
     if "srt" not in available_sinks():
         pytest.skip("no srt sink registered")
     out = tmp_path / "captions" / "live.srt"  # a folder not made yet is made, as by transcribe -o
     assert main(["stream", str(espeak_clips[1].path), "--srt", str(out), "--speed", "2",
-                 "--latency-ms", "3000"]) == 0
+                 "--latency-ms", "3000", *(["--quiet"] if quiet else [])]) == 0
     subs = pysrt.open(str(out))
     text = " ".join(s.text for s in subs).lower()
     assert len(subs) >= 1 and ("stella" in text or "store" in text or "call" in text), text
     assert all(s.start <= s.end for s in subs)
+    printed = capsys.readouterr().out
+    if quiet:
+        assert printed == ""
+        return
+    blocks = re.findall(r"^(\d\d:\d\d:\d\d\.\d{3}) --> (\d\d:\d\d:\d\d\.\d{3})  (.*)\n"
+                        r"((?: {31}.*\n)*)", printed, flags=re.M)
+    assert [(a.replace(".", ","), b.replace(".", ","),
+             "\n".join([first, *(ln.strip() for ln in rest.splitlines())]))
+            for a, b, first, rest in blocks] == [
+        (str(s.start), str(s.end), s.text) for s in subs], printed

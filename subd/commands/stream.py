@@ -44,6 +44,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--srt", help="write committed cues to this live SRT file")
     p.add_argument("--events", help="write the JSON-lines events log here")
     p.add_argument("--serve", metavar="HOST:PORT", help="serve /events (SSE) and /overlay")
+    p.add_argument("-q", "--quiet", action="store_true",
+                   help="print no captions: by default each committed cue is printed on "
+                        "stdout as it is committed (its times, then its lines)")
     p.add_argument("--latency-ms", type=int, help="D: audio-to-publication latency")
     p.add_argument("--lookahead-ms", type=int, help="A: look-ahead fetch window (150)")
     p.add_argument("--fps", help="tick rate: 30 (default), 25, 30000/1001 ...")
@@ -154,6 +157,8 @@ def run(args: argparse.Namespace) -> int:
         check_writable_folder(out.parent, f"--srt {out}")
         sinks.append(build_sink("srt", {"directory": str(out.parent.resolve()),
                                         "filename": out.name}))
+    if not args.quiet:
+        sinks.append(build_sink("text", {}))
     serve = None
     if args.serve:
         serve = parse_host_port(args.serve)

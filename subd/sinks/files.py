@@ -341,8 +341,10 @@ class CueFileSink:
             self._rotate()
 
 
-def _ms(t_ns: int) -> int:
-    return max(0, t_ns) // NS_PER_MS
+def cue_span_ms(cue: Cue) -> tuple[int, int]:
+    """A cue's start and end in whole ms of the audio timeline (at least 1 ms long)."""
+    start_ms = max(0, cue.start_ns) // NS_PER_MS
+    return start_ms, max(max(0, cue.end_ns) // NS_PER_MS, start_ms + 1)
 
 
 class SRTSink(CueFileSink):
@@ -350,8 +352,7 @@ class SRTSink(CueFileSink):
     extension = ".srt"
 
     def format_cue(self, n: int, cue: Cue) -> bytes:
-        start_ms = _ms(cue.start_ns)
-        end_ms = max(_ms(cue.end_ns), start_ms + 1)
+        start_ms, end_ms = cue_span_ms(cue)
         text = "\n".join(line.replace("-->", "->") for line in cue.lines)
         item = pysrt.SubRipItem(
             n,
@@ -375,8 +376,7 @@ class VTTSink(CueFileSink):
     header = b"WEBVTT\n\n"
 
     def format_cue(self, n: int, cue: Cue) -> bytes:
-        start_ms = _ms(cue.start_ns)
-        end_ms = max(_ms(cue.end_ns), start_ms + 1)
+        start_ms, end_ms = cue_span_ms(cue)
         esc = str.maketrans({"&": "&amp;", "<": "&lt;", ">": "&gt;"})
         text = "\n".join(line.translate(esc) for line in cue.lines)
         return f"{n}\n{vtt_time(start_ms)} --> {vtt_time(end_ms)}\n{text}\n\n".encode()
