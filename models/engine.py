@@ -21,12 +21,11 @@ from subd.models.decoding import DecodeOptions, DecodeResult, decode_window, det
 from subd.models.loading import LoadedModel
 from subd.models.portable import load_weights
 from subd.models.whisper import KVCache
-from subd.models.words import word_splitter
+from subd.models.words import MAX_PROMPT_TOKENS, word_splitter
 from subd.torch_threads import torch_threads, usable_cores
 
 SAMPLE_RATE_HZ = 16_000
 WINDOW_SAMPLES = 30 * SAMPLE_RATE_HZ
-MAX_PROMPT_TOKENS = 223  # half the text context, as the reference runtimes keep
 MULTILINGUAL_VOCAB = 51865  # a vocabulary this large has the language tokens
 
 

@@ -11,11 +11,43 @@ word, as in English. Commit, agreement and deadline logic then work on these uni
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from subd.script import CLOSING, is_cjk, join_words, spaceless
 
 Splitter = Callable[[list[int]], tuple[list[str], list[list[int]]]]
+MAX_PROMPT_TOKENS = 223  # half the text context, as the reference runtimes keep
+# of them at most this many for a user's prompt ([recognizer] prompt): the rest holds the words
+# just said, without which a live decode re-reads or skips them
+USER_PROMPT_TOKENS = 111
+
+
+def user_prompt_tokens(tokenizer, text: str) -> tuple[int, ...]:
+    """The tokens of a user's prompt as Whisper reads an initial prompt (" " + the text), at
+    most ``USER_PROMPT_TOKENS`` of them: a longer one keeps its start, and a warning says so."""
+    text = text.strip()
+    if not text:
+        return ()
+    tokens = tuple(tokenizer.encode(" " + text))
+    if len(tokens) > USER_PROMPT_TOKENS:
+        import logging
+
+        logging.getLogger("subd.recognise").warning(
+            "[recognizer] prompt: %d tokens, only the first %d are read (the rest of Whisper's "
+            "context holds the words just said)", len(tokens), USER_PROMPT_TOKENS)
+        tokens = tokens[:USER_PROMPT_TOKENS]
+    return tokens
+
+
+def with_user_prompt(user: Sequence[int], previous: Sequence[int] | None) -> list[int] | None:
+    """A decode's previous-text context: the user's prompt (names and terms to expect) first,
+    then as many of the latest ``previous`` tokens as Whisper's context keeps after it. Kept in
+    front of every decode, not only the first (as the reference runtimes keep an initial
+    prompt until the text after it fills the context): a channel runs for hours."""
+    if not user:
+        return list(previous) if previous else None
+    room = MAX_PROMPT_TOKENS - len(user)
+    return [*user, *(previous[-room:] if previous and room > 0 else ())]
 
 
 def split_spaceless(tokenizer, tokens: list[int]) -> tuple[list[str], list[list[int]]]:

@@ -12,6 +12,7 @@ load time never break the daemon's core).
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
 import tomllib
 from dataclasses import dataclass, field
@@ -21,15 +22,14 @@ from typing import Any, TypeVar
 from subd.errors import ConfigError
 from subd.script import CHINESE_SCRIPTS, DEFAULT_CHINESE_SCRIPT, check_language, default_model
 from subd.types import DEFAULT_ENCODER_SPAN, ENCODER_SPANS
-from subd.validate import build_section, choice, rng  # noqa: F401 - named here
+from subd.validate import build_section, check_prompt, choice, rng  # noqa: F401 - named here
 
 T = TypeVar("T")
 
 _SECTIONS: dict[str, type] = {}
-# Sections read at use time by modules that the configuration does not import (they are
-# validated there, before anything starts): [layout] by subd.service.build, [punct] by the
-# daemon for the tagger. Any other top-level table is an error naming it: a misspelt
-# [recogniser] must not silently leave the defaults in force.
+# Sections read at use time by modules that the configuration does not import (validated
+# there, before anything starts): [layout] by subd.service.build, [punct] by the daemon for the
+# tagger. Any other top-level table is an error: a misspelt [recogniser] must not go unseen.
 _USE_TIME_SECTIONS = {"layout", "punct"}
 
 
@@ -82,8 +82,6 @@ class SourceConfig:
 
 def nvidia_present() -> bool:
     """An NVIDIA driver on this machine (its device nodes or /proc entry), seen without torch."""
-    import os
-
     return os.path.exists("/dev/nvidiactl") or os.path.exists("/proc/driver/nvidia/version")
 
 
@@ -95,6 +93,7 @@ class RecognizerConfig:
     language: str = "en"
     # Chinese written in simplified, traditional, taiwan or hongkong script, or as decoded
     chinese_script: str = field(default=DEFAULT_CHINESE_SCRIPT, metadata=choice(*CHINESE_SCRIPTS))
+    prompt: str = ""  # names and terms to expect: before every decode's context (models.words)
     # "" = subd.recognise.streaming.StreamingRecognizer(model); or "module:callable"
     factory: str = ""
     process: bool = True  # run in its own process (never share the publisher's GIL)
@@ -123,7 +122,7 @@ class RecognizerConfig:
     precision: str = field(default="auto",
                            metadata=choice("auto", "int8", "fp32", "fp16", "bf16"))
     # every channel's decodes batched in one recogniser (subd.gpu.serve): "auto" = on CUDA,
-    # off on the CPU (2 cores: batching does not pay there); "on"; "off" (one decode at a time)
+    # off on the CPU (2 cores: it does not pay there); "on"; "off" (one decode at a time)
     batched: str = field(default="auto", metadata=choice("auto", "on", "off"))
     # how many batched recogniser processes share the channels (subd.service.sharding): "auto"
     # = 1 on the CPU, on CUDA half the cores (at most 4); or N (1..64)
@@ -139,6 +138,7 @@ class RecognizerConfig:
     def __post_init__(self) -> None:
         if not self.model:  # frozen: the default model is chosen once, here
             object.__setattr__(self, "model", default_model(self.language))
+        check_prompt(self.prompt)
 
     def window_options(self) -> dict[str, int]:
         """The streaming recogniser's window keys set here (subd.recognise.streaming)."""

@@ -167,3 +167,21 @@ def check_piped_stdin(command: str) -> None:
     if sys.stdin is not None and sys.stdin.isatty():
         raise UserError(f"-: standard input is a terminal; pipe raw PCM into it, e.g. ffmpeg -i "
                         f"IN -f s16le -ar 16000 -ac 1 - | {command} -")
+
+
+PROMPT_MAX_CHARS = 1000  # and at most subd.models.words.USER_PROMPT_TOKENS of it reach a decode
+PROMPT_HELP = ("names and terms to expect, spelled as they should be written (\"Gwynplaine, "
+               "Tilney, Westminster\"): Whisper's prompt, before the words just said in every "
+               "decode's context; a hint, not a rule")
+
+
+def check_prompt(value: object, key: str = "[recognizer] prompt") -> str:
+    """A user's prompt: text of at most ``PROMPT_MAX_CHARS`` characters, one line."""
+    if not isinstance(value, str):
+        raise ConfigError(f"{key}: expected a string, got {value!r}")
+    if len(value) > PROMPT_MAX_CHARS:
+        raise ConfigError(f"{key}: {len(value)} characters, at most {PROMPT_MAX_CHARS} (names "
+                          "and terms to expect, not a script)")
+    if any(ch in value for ch in "\r\n\0"):
+        raise ConfigError(f"{key}: one line of text, without line breaks")
+    return value

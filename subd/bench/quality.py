@@ -205,8 +205,12 @@ def recognizer_overrides(items: list[str]) -> dict:
     for item in items:
         key, sep, value = item.partition("=")
         default = getattr(StreamingConfig(), key, None) if sep else None
+        if key == "prompt" and sep:  # text: a channel's [recognizer] prompt
+            out[key] = value
+            continue
         if default is None or isinstance(default, str):
-            raise UserError(f"--set {item!r}: expected NUMBER_OR_BOOL_OPTION=VALUE")
+            raise UserError(f"--set {item!r}: expected NUMBER_OR_BOOL_OPTION=VALUE or "
+                            "prompt=TEXT")
         try:
             out[key] = (value.lower() in ("1", "true", "yes")) if isinstance(default, bool) \
                 else type(default)(value)

@@ -14,7 +14,7 @@ from subd.config import Config, SinksConfig, load_config
 from subd.errors import UserError
 from subd.pipeline.ticks import parse_fps, parse_rate
 from subd.script import CHINESE_SCRIPTS
-from subd.validate import check_piped_stdin, check_writable_folder
+from subd.validate import PROMPT_HELP, check_piped_stdin, check_prompt, check_writable_folder
 
 log = logging.getLogger("subd.stream")
 
@@ -57,6 +57,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--chinese-script", choices=tuple(CHINESE_SCRIPTS),
                    help="the script Chinese is written in (default: [recognizer] "
                    "chinese_script, simplified)")
+    p.add_argument("--prompt", help=PROMPT_HELP + " (default: [recognizer] prompt)")
     p.add_argument("--device", help="recogniser device: auto, cpu, cuda or cuda:N "
                    "(default: [recognizer] device)")
     p.add_argument("--config", help="configuration file (defaults: built in); its outputs "
@@ -114,6 +115,8 @@ def stream_config(args: argparse.Namespace) -> Config:
         rec = dataclasses.replace(rec, model=args.model)
     if args.chinese_script:
         rec = dataclasses.replace(rec, chinese_script=args.chinese_script)
+    if args.prompt is not None:
+        rec = dataclasses.replace(rec, prompt=check_prompt(args.prompt, "--prompt"))
     if args.language:
         try:
             rec.validate()  # an English-only model asked for another language

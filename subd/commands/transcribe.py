@@ -15,7 +15,13 @@ import pysrt
 from subd.errors import UserError
 from subd.script import CHINESE_SCRIPTS, DEFAULT_CHINESE_SCRIPT, TITLE_ABBREVIATIONS
 from subd.types import Cue, TaggedWord, Word
-from subd.validate import cannot_write, check_piped_stdin, check_writable_folder
+from subd.validate import (
+    PROMPT_HELP,
+    cannot_write,
+    check_piped_stdin,
+    check_prompt,
+    check_writable_folder,
+)
 
 OUTPUT_SUFFIXES = (".srt", ".vtt", ".json")
 PROGRESS_MIN_S = 5.0  # show a progress bar for inputs longer than this
@@ -57,6 +63,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--device", default="auto",
                    help="auto (a GPU if torch sees one, else the CPU), cpu, cuda or cuda:N")
+    p.add_argument("--prompt", default="", help=PROMPT_HELP)
     p.add_argument("--no-vad", action="store_true", help="decode every window, even without speech")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=run)
@@ -213,6 +220,7 @@ def run(args: argparse.Namespace) -> int:
     if out.exists() and out.is_dir():
         raise UserError(f"{out}: is a directory")
     check_writable_folder(out.parent, str(out))
+    check_prompt(args.prompt, "--prompt")  # one line, before the model loads
     placement = place_or_exit(args.device, args.precision)  # before any audio is read
     language, model = language_and_model(args.language, args.model)
     if args.input == "-":
@@ -230,7 +238,8 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"--language {language}: the model {model!r} knows only English "
                         "(use --model base)")
     transcriber = Transcriber(engine, TranscribeOptions(
-        vad=not args.no_vad, language=language, chinese_script=args.chinese_script))
+        vad=not args.no_vad, language=language, chinese_script=args.chinese_script,
+        prompt=args.prompt))
     show = not args.quiet and (total_s is None or total_s > PROGRESS_MIN_S)
     progress = Progress(total_s, enabled=show)
     words: list[Word] = []

@@ -17,6 +17,7 @@ from subd.kernels.mel import HOP_SAMPLES
 from subd.models.decoding import detect_language
 from subd.models.engine import DEFAULT_POLICY, WINDOW_SAMPLES, WhisperEngine
 from subd.models.tokenizer import TIME_PRECISION_S
+from subd.models.words import user_prompt_tokens, with_user_prompt
 from subd.recognise.vad import VoiceActivityDetector
 from subd.script import DEFAULT_CHINESE_SCRIPT, script_writer
 from subd.types import SAMPLE_RATE_HZ, Word, samples_to_ns
@@ -42,6 +43,7 @@ class TranscribeOptions:
     # None: the engine's language; "auto": identified on the first window with speech and kept
     language: str | None = None
     chinese_script: str = DEFAULT_CHINESE_SCRIPT  # subd.script.CHINESE_SCRIPTS
+    prompt: str = ""  # names and terms to expect, before every window's previous text
 
 
 def _split_segments(
@@ -95,6 +97,7 @@ class Transcriber:
         self.vad = VoiceActivityDetector() if options.vad else None
         self.language = options.language if options.language != "auto" else None
         self._identify = options.language == "auto" and engine.tokenizer.multilingual
+        self._user_prompt = user_prompt_tokens(engine.tokenizer, options.prompt)
 
     def transcribe_blocks(
         self,
@@ -143,7 +146,8 @@ class Transcriber:
             probs = detect_language(eng.model.decoder, feats, eng.tokenizer)
             self.language, self._identify = max(probs, key=probs.__getitem__), False
         result = eng.decode_with_fallback(
-            feats, prompt if self.options.condition_on_previous_text else None,
+            feats, with_user_prompt(self._user_prompt, prompt if
+                                    self.options.condition_on_previous_text else None),
             language=self.language,
         )
         if DEFAULT_POLICY.silent(result) or not result.tokens:

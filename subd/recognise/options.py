@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from subd.script import DEFAULT_CHINESE_SCRIPT, check_chinese_script
-from subd.validate import check_choice, check_range
+from subd.validate import check_choice, check_prompt, check_range
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +65,9 @@ class StreamingConfig:
     # "auto" (identified on the first speech, subd.recognise.language) or an ISO code
     language: str = "en"
     chinese_script: str = DEFAULT_CHINESE_SCRIPT  # subd.script.CHINESE_SCRIPTS
+    # names and terms to expect, spelled as they should be written ([recognizer] prompt):
+    # Whisper's initial prompt, kept before the committed words of every decode's context
+    prompt: str = ""
 
     def __post_init__(self) -> None:
         for key, lo, hi in (
@@ -87,3 +90,4 @@ class StreamingConfig:
             check_range("recognizer", key, getattr(self, key), 0.0, 1.0)
         check_choice("recognizer", "precision", self.precision, ("int8", "fp32"))
         check_chinese_script(self.chinese_script)
+        check_prompt(self.prompt)

@@ -37,7 +37,7 @@ from subd.models.engine import (
     WhisperEngine,
     live_threads,
 )
-from subd.models.words import prompt_of
+from subd.models.words import prompt_of, user_prompt_tokens, with_user_prompt
 from subd.recognise import settle
 from subd.recognise.commit import decide, unread_from
 from subd.recognise.language import LanguageTracker
@@ -101,6 +101,7 @@ class StreamingRecognizer:
         self.languages = LanguageTracker(c.language, self.engine, span=self.span,
                                          script=c.chinese_script)
         self.state = _State()
+        self._user_prompt = user_prompt_tokens(self.engine.tokenizer, c.prompt)
         self.n_decodes = 0
         self.n_capped = 0  # decodes stopped by the window's token budget
         self.n_forced_cuts = 0
@@ -226,13 +227,12 @@ class StreamingRecognizer:
 
     def _decode(self, window: np.ndarray, span: EncoderSpan | None = None) -> list[Word]:
         st = self.state
-        prompt = None
-        # prompt: committed words starting before the window (its own words make Whisper skip
-        # them), the one it cuts too (without it, "ill-disposed. had he married a ... woman he")
+        # prompt: the user's, then committed words starting before the window (its own words
+        # make Whisper skip them), the one it cuts too ("ill-disposed. had he married a ...")
         window_start_ns = samples_to_ns(st.window_start)
         before = [w for w in st.committed[-PROMPT_WORDS:] if w.start_ns < window_start_ns]
-        if before:
-            prompt = self.engine.tokenizer.encode(prompt_of(before))
+        prompt = with_user_prompt(self._user_prompt, before and self.engine.tokenizer.encode(
+            prompt_of(before)))
         # words committed inside the window are forced as a prefix: only the tail is decoded
         inside = [w for w in st.committed if w.start_ns >= window_start_ns]
         prefix: tuple[int, ...] = ()

@@ -42,6 +42,7 @@ class ChannelContext:
                                                        **cfg.window_options(),
                                                        language=cfg.language,
                                                        chinese_script=cfg.chinese_script,
+                                                       prompt=cfg.prompt,
                                                        precision=cfg.precision)
         where = {"history_name": history.shm_name} if cfg.process else {"history": history}
         return FactorySpec("subd.workers.hosts:RecogniserHost",
