@@ -185,6 +185,24 @@ def test_srt_and_vtt_outputs_parse(tmp_path, clip):
     assert srt.stat().st_mode & 0o777 == 0o640
 
 
+def test_without_an_output_the_cues_are_printed_as_the_srt_holds_them(tmp_path, clip):
+    """`subd transcribe IN` (no -o) prints the cues on stdout, as `subd stream` prints them:
+    the same cues the SRT gets, time for time and line for line."""
+    import re
+
+    srt = tmp_path / "o.srt"
+    assert run_cli("transcribe", str(clip[0].path), "-o", str(srt), "--quiet")[0] == 0
+    proc = subprocess.run([sys.executable, "-m", "subd.cli", "transcribe", str(clip[0].path),
+                           "--quiet"], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    blocks = re.findall(r"^(\S+) --> (\S+)  (.*)\n((?: {31}.*\n)*)", proc.stdout, flags=re.M)
+    printed = [(a.replace(".", ","), b.replace(".", ","),
+                "\n".join([first, *(ln.strip() for ln in rest.splitlines())]))
+               for a, b, first, rest in blocks]
+    assert printed and printed == [(str(s.start), str(s.end), s.text)
+                                   for s in pysrt.open(str(srt))], proc.stdout
+
+
 def test_an_output_that_cannot_be_written_is_one_line_before_the_work(tmp_path, clip):
     """Checked before any audio is read: not an internal error after the whole file."""
     (tmp_path / "notes").write_text("a file, not a folder\n")

@@ -34,7 +34,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "input", help="audio file (WAV/FLAC/OGG, others through ffmpeg) or - for stdin PCM"
     )
-    p.add_argument("-o", "--output", required=True, help="output file: .srt, .vtt or .json")
+    p.add_argument("-o", "--output", help="output file: .srt, .vtt or .json (default: the cues "
+                   "printed on stdout, as subd stream prints them)")
     p.add_argument("--model", help="tiny.en (default for English), base (default for other "
                    "languages and auto), or a model path")
     p.add_argument("--language", default="en",
@@ -214,12 +215,13 @@ def run(args: argparse.Namespace) -> int:
     from subd.recognise.offline import TranscribeOptions, Transcriber
     from subd.sources import decode as audio
 
-    out = Path(args.output)
-    if out.suffix.lower() not in OUTPUT_SUFFIXES:
-        raise UserError(f"{out}: output must end in .srt, .vtt or .json")
-    if out.exists() and out.is_dir():
-        raise UserError(f"{out}: is a directory")
-    check_writable_folder(out.parent, str(out))
+    out = Path(args.output) if args.output else None
+    if out is not None:
+        if out.suffix.lower() not in OUTPUT_SUFFIXES:
+            raise UserError(f"{out}: output must end in .srt, .vtt or .json")
+        if out.exists() and out.is_dir():
+            raise UserError(f"{out}: is a directory")
+        check_writable_folder(out.parent, str(out))
     check_prompt(args.prompt, "--prompt")  # one line, before the model loads
     placement = place_or_exit(args.device, args.precision)  # before any audio is read
     language, model = language_and_model(args.language, args.model)
@@ -253,10 +255,16 @@ def run(args: argparse.Namespace) -> int:
     for segment in transcriber.transcribe_blocks(blocks, on_progress):
         words.extend(segment.words)
     progress(n_done, final=True)
-    try:
-        _write_atomic(out, render(words, out.suffix.lower()))
-    except OSError as exc:  # the disk filled, or the folder went, during the work
-        raise cannot_write(str(out), exc) from None
+    if out is None:
+        from subd.sinks.text import format_cue
+
+        sys.stdout.write("".join(format_cue(c) for c in _cues(words)))
+    else:
+        try:
+            _write_atomic(out, render(words, out.suffix.lower()))
+        except OSError as exc:  # the disk filled, or the folder went, during the work
+            raise cannot_write(str(out), exc) from None
     if not words and not args.quiet:  # a valid file with no cue: say why, not nothing
-        print(f"subd: no speech found in {args.input}; {out} holds no cue", file=sys.stderr)
+        held = f"{out} holds no cue" if out is not None else "no cue printed"
+        print(f"subd: no speech found in {args.input}; {held}", file=sys.stderr)
     return 0
