@@ -68,6 +68,29 @@ def test_a_decode_that_reads_nothing_of_speech_keeps_the_last_reading(voiced):
     assert [w.text for w in hyp.committed] == ["Mr.", "John"]
 
 
+def test_a_decode_that_reads_nothing_of_speech_moves_the_window_to_what_it_left_out(voiced):
+    """... and when the speech it left out is heard out for a second, the window moves to the
+    commit point at once, as after any decode that leaves speech out (a stall): AISHELL at
+    D = 2 s (zh-dev, 2026-12-07), a 7 s window read "也" and then nothing three times, and
+    "也注退了" came 1.2 s later, when the window was trimmed for its length, 0.2-0.4 s late."""
+    first = [("and", 0.1, 0.3, 0.9), ("Mr.", 0.3, 0.6, 0.9)]
+    rec = StreamingRecognizer(engine=_ScriptedEngine(first, []), confident_min_probability=1.0)
+    _feed(rec, voiced, 0.8)
+    assert rec.update(commit_until_ns=0).committed == ()
+    _feed(rec, voiced, 2.4)
+    hyp = rec.update(commit_until_ns=400 * MS)  # nothing read: "and" due from the last reading
+    assert [w.text for w in hyp.committed] == ["and"]
+    assert rec.state.stalled
+    assert rec.state.window_start == int(0.1 * SAMPLE_RATE_HZ)  # "and" ends at 0.3 s, less 0.2
+    # with less than a second of speech after the commit point left out, the window stays
+    rec = StreamingRecognizer(engine=_ScriptedEngine(first, []), confident_min_probability=1.0)
+    _feed(rec, voiced, 0.8)
+    rec.update(commit_until_ns=0)
+    _feed(rec, voiced, 1.2)
+    rec.update(commit_until_ns=400 * MS)
+    assert not rec.state.stalled and rec.state.window_start == 0
+
+
 def test_a_decode_that_stops_short_keeps_the_last_readings_words_after_it(voiced):
     """Whisper ends a decode before speech at the window's end that it takes for an unfinished
     segment: a decode read "gave them warning that", the next only "gave them" (libri-3436 on

@@ -71,8 +71,7 @@ GREEDY_POLICY = FallbackPolicy(temperatures=(0.0,))
 # A live decode's token budget grows with its window: offline decodes of the LibriVox clips and
 # of espeak-ng at 160 words/min take 3.2-4.4 tokens/s with the timestamps. On a cut input Whisper
 # can loop a whole sentence (~180 words for 2 s of audio): the budget ends it, its tail is cut.
-TOKENS_BASE = 20
-TOKENS_PER_S = 10
+TOKENS_BASE, TOKENS_PER_S = 20, 10
 
 
 @dataclass(slots=True)
@@ -168,9 +167,10 @@ class StreamingRecognizer:
         full_span |= not self.deadline_mode and not st.committed
         words = self._decode(window, FULL_SPAN if full_span else None)
         if not words and st.previous and commit_until_ns is not None:
-            # nothing read where the last decode read words ("and Mr.", nothing twice, then
-            # "Mr. John" lost a stream's "And"): due words come from the last reading
-            return self._hypothesis(self._take_due(commit_until_ns))
+            # nothing read where the last decode read words ("and Mr.", nothing twice, then "Mr.
+            # John" lost "And"): due words from the last reading; a stall moves the window on
+            return self._hypothesis(self._take_due(commit_until_ns) + self._trim(
+                end, full_span, True, self.config.deadline_pause_commit))
         unread = self._unread_tail(words) if commit_until_ns is not None else []
         newly = self._commit(words, end, commit_until_ns)
         if unread:
