@@ -91,6 +91,34 @@ def test_a_decode_that_reads_nothing_of_speech_moves_the_window_to_what_it_left_
     assert not rec.state.stalled and rec.state.window_start == 0
 
 
+def test_a_word_timed_onto_the_silence_after_it_is_moved_back_to_its_speech(speech_clips):
+    """DTW timed zh-dev's utterance-final "了吧" (56.16-56.58 s) at each window's end, three
+    decodes in a row, so it was never heard out nor due: shown 2.65 s after it was said at
+    D = 2 s. A word that runs 300 ms or more into silence the VAD has decided ends where the
+    speech under it (or, moved wholly onto the silence, the speech no word before it accounts
+    for) ends; a word whose speech goes on to the audio end is as timed."""
+    from subd.history import AudioHistory
+    from subd.recognise.settle import overruns_cut
+    from subd.recognise.vad import VoiceActivityDetector
+
+    speech = _voiced(load_audio(speech_clips[0].path), 40)  # 1.2 s, speech up to its end
+    for silence_s, moved in ((1.5, True), (0.0, False)):
+        history = AudioHistory(10 * SAMPLE_RATE_HZ)
+        audio = np.concatenate([speech, np.zeros(int(silence_s * SAMPLE_RATE_HZ), np.float32)])
+        history.write(0, audio)
+        end_ns = len(audio) * 1_000_000_000 // SAMPLE_RATE_HZ
+        before = Word("心", 600 * MS, 900 * MS)
+        last = Word("了吧", end_ns - 450 * MS, end_ns - 50 * MS)  # at the window's end
+        out = overruns_cut(VoiceActivityDetector(), history, [before, last], 0)
+        assert out[0] == before
+        if moved:
+            assert 900 * MS <= out[1].start_ns < out[1].end_ns <= 1300 * MS, out[1]
+            assert out[1].end_ns >= 1150 * MS and out[1].text == "了吧"
+        else:
+            assert out[1] == last
+    assert overruns_cut(None, history, [before, last], 0) == [before, last]
+
+
 def test_a_decode_that_stops_short_keeps_the_last_readings_words_after_it(voiced):
     """Whisper ends a decode before speech at the window's end that it takes for an unfinished
     segment: a decode read "gave them warning that", the next only "gave them" (libri-3436 on

@@ -14,9 +14,10 @@ after it read as 0 ms, and its full stop was set aside as a window edge's).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
 from subd.recognise.vad import FRAME_SAMPLES, VoiceActivityDetector
-from subd.types import SAMPLE_RATE_HZ, Word, ns_to_samples
+from subd.types import SAMPLE_RATE_HZ, Word, ns_to_samples, samples_to_ns
 
 # speech after the last word is 60 ms of voiced frames (a word onset, a short word); bursts
 # closer than 90 ms are one; a burst touching the last word and ending within 150 ms of it is
@@ -133,3 +134,43 @@ def heard(vad: VoiceActivityDetector, audio, words: Sequence[Word], first: int,
         pad_ms=SETTLE_PAD_MS, min_voiced_run_ms=HEARD_MIN_SPEECH_MS)]
     return [w for w, (lo, hi), j in zip(words, spans, judged, strict=True)
             if not j or any(a < hi and b > lo for a, b in speech)]
+
+
+# a word's end is moved back to the end of the speech under it when it runs on this far into
+# silence the VAD has decided (the silence ends at least HEARD_MARGIN_MS before the audio end)
+OVERRUN_MS = 300
+
+
+def overruns_cut(vad: VoiceActivityDetector | None, audio, words: Sequence[Word],
+                 first: int) -> list[Word]:
+    """``words`` with an end that runs on over decided silence moved back to the end of the
+    speech under the word. DTW stretches a decode's last word to the audio end while the
+    speaker has stopped: zh-dev's "了吧" (56.16-56.58 s) was timed 56.52-56.96, 56.96-57.36 and
+    57.26-57.66 by three decodes in a row, each end at its window's end, so it was never heard
+    out nor due, and was shown 2.65-2.85 s after it was said (D = 2 s)."""
+    if vad is None or not words:
+        return list(words)
+    end = audio.end_sample
+    decided = end - HEARD_MARGIN_MS * SAMPLE_RATE_HZ // 1000
+    lo0 = max(first, ns_to_samples(words[0].start_ns))
+    if lo0 >= decided:
+        return list(words)
+    speech = [(lo0 + a, lo0 + b) for a, b in vad.regions_at(
+        audio, lo0, end, min_speech_ms=HEARD_MIN_SPEECH_MS, min_silence_ms=SETTLE_JOIN_MS,
+        pad_ms=SETTLE_PAD_MS, min_voiced_run_ms=HEARD_MIN_SPEECH_MS)]
+    overrun = OVERRUN_MS * SAMPLE_RATE_HZ // 1000
+    out: list[Word] = []
+    for w in words:
+        hi = ns_to_samples(w.end_ns)
+        before = out[-1].end_ns if out else samples_to_ns(first)
+        # the end of the last speech that starts before the word's end and after the word
+        # before it: under the word, or, for a word moved wholly onto the silence after it,
+        # the speech no other word accounts for
+        ends = [b for a, b in speech if a < hi and b > ns_to_samples(before)]
+        stop = max(ends) if ends else None
+        if stop is not None and stop + overrun <= hi and stop <= decided:
+            start = max(before, min(w.start_ns, samples_to_ns(stop) - (w.end_ns - w.start_ns)))
+            if start < samples_to_ns(stop):
+                w = replace(w, start_ns=start, end_ns=samples_to_ns(stop))
+        out.append(w)
+    return out

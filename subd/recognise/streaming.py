@@ -257,9 +257,9 @@ class StreamingRecognizer:
         self.n_capped += result.decode.capped
         offset_ns = samples_to_ns(st.window_start)
         words = self.languages.written(hypothesis_words(result.words, offset_ns))
-        # deadline mode takes due words from one hypothesis: looped copies dropped (commit.py)
-        if self.deadline_mode:
-            words = self._heard(stacked_tail_cut(words, offset_ns + samples_to_ns(len(window))))
+        if self.deadline_mode:  # looped copies cut; words on silence dropped or ended (settle)
+            words = settle.overruns_cut(self.vad, self.audio, self._heard(stacked_tail_cut(
+                words, offset_ns + samples_to_ns(len(window)))), self._commit_sample())
         return self._after_commit_point(cut_loop(words), forced=result.prefix_used)
 
     def _heard(self, words: list[Word]) -> list[Word]:
