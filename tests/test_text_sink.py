@@ -114,3 +114,26 @@ def test_a_bad_table_is_one_line(table: dict, needle: str) -> None:
     with pytest.raises(ConfigError, match=needle):
         TextSink.from_mapping(table)
     assert TextSink.from_mapping({"max_pending": 5}).max_pending == 5
+
+
+def test_a_reader_that_never_reads_does_not_hold_the_close(caplog, monkeypatch) -> None:
+    """A terminal that never reads (a pipe nobody drains) blocks the writer in its write for
+    ever: close waits a bounded time, says so, and returns (the writer is a daemon thread)."""
+    import subd.sinks.text as text
+
+    monkeypatch.setattr(text, "CLOSE_WAIT_S", 0.2)
+    out = _Stalled()  # never released
+
+    async def go() -> TextSink:
+        sink = TextSink(out)
+        await sink.start()
+        sink.publish(_state(0, _cue(0, "cue 0")))
+        sink.publish(_state(1, _cue(1, "cue 1")))
+        await sink.close()
+        return sink
+
+    with caplog.at_level(logging.WARNING, logger="subd.sinks.text"):
+        sink = asyncio.run(go())
+    assert sink.n_printed == 0
+    assert "the printed captions are not read" in caplog.text
+    out.release.set()  # let the thread end

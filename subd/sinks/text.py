@@ -32,6 +32,7 @@ from subd.types import CaptionState, Cue
 from subd.validate import check_range, from_mapping
 
 log = logging.getLogger(__name__)
+CLOSE_WAIT_S = 5.0  # at close, for a writer blocked by a reader that does not read
 
 
 def format_cue(cue: Cue) -> str:
@@ -92,7 +93,15 @@ class TextSink:
             self._open = None
         if self._thread is not None:
             self._queue.put(None)
-            await asyncio.to_thread(self._thread.join)
+            # polled, not joined in an executor thread: a reader that never reads holds the
+            # writer for ever, and asyncio.run waits for its executor's threads at exit
+            for _ in range(int(CLOSE_WAIT_S / 0.02)):
+                if not self._thread.is_alive():
+                    break
+                await asyncio.sleep(0.02)
+            else:
+                log.warning("text: the printed captions are not read; %d cues left",
+                            self._queue.qsize())
             self._thread = None
         if self.n_dropped + self.n_failed:
             log.error("text: %d committed cues were not printed", self.n_dropped + self.n_failed)
