@@ -204,7 +204,8 @@ def test_stream_says_which_outputs_of_its_config_it_does_not_use(tmp_path, silen
     args = argparse.Namespace(config=str(cfg), jitter_ms=0, speed="1", fps=None,
                               latency_ms=None, lookahead_ms=None, input=str(silent_wav),
                               language=None, model=None, chinese_script=None, device=None,
-                              pcm_format=None, pcm_rate_hz=None, pcm_channels=None)
+                              pcm_format=None, pcm_rate_hz=None, pcm_channels=None,
+                              prompt=None)
     stream_config(args)
     assert "[sinks] enabled, [events] path not used by subd stream" in caplog.text
     caplog.clear()

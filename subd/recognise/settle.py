@@ -159,6 +159,7 @@ def overruns_cut(vad: VoiceActivityDetector | None, audio, words: Sequence[Word]
         audio, lo0, end, min_speech_ms=HEARD_MIN_SPEECH_MS, min_silence_ms=SETTLE_JOIN_MS,
         pad_ms=SETTLE_PAD_MS, min_voiced_run_ms=HEARD_MIN_SPEECH_MS)]
     overrun = OVERRUN_MS * SAMPLE_RATE_HZ // 1000
+    remainder = LONG_REMAINDER_MS * SAMPLE_RATE_HZ // 1000
     out: list[Word] = []
     for w in words:
         hi = ns_to_samples(w.end_ns)
@@ -168,7 +169,11 @@ def overruns_cut(vad: VoiceActivityDetector | None, audio, words: Sequence[Word]
         # the speech no other word accounts for
         ends = [b for a, b in speech if a < hi and b > ns_to_samples(before)]
         stop = max(ends) if ends else None
-        if stop is not None and stop + overrun <= hi and stop <= decided:
+        # ... if that speech is more than the remainder of the word before it (its end, which
+        # DTW aligns up to LONG_REMAINDER_MS early: a copy of "regard," written over the silence
+        # after it is not moved onto the last 160 ms of its speech)
+        if stop is not None and stop - ns_to_samples(before) > remainder \
+                and stop + overrun <= hi and stop <= decided:
             start = max(before, min(w.start_ns, samples_to_ns(stop) - (w.end_ns - w.start_ns)))
             if start < samples_to_ns(stop):
                 w = replace(w, start_ns=start, end_ns=samples_to_ns(stop))
