@@ -129,12 +129,9 @@ def _srt_time(ns: int) -> pysrt.SubRipTime:
     return pysrt.SubRipTime(milliseconds=max(0, ns) // 1_000_000)
 
 
-def _vtt_time(ns: int) -> str:
-    ms = max(0, ns) // 1_000_000
-    return f"{ms // 3_600_000:02d}:{ms // 60_000 % 60:02d}:{ms // 1000 % 60:02d}.{ms % 1000:03d}"
-
-
 def render(words: list[Word], suffix: str) -> str:
+    from subd.sinks.files import vtt_time
+
     if suffix == ".json":
         items = [
             {
@@ -156,7 +153,8 @@ def render(words: list[Word], suffix: str) -> str:
         )
         return "".join(f"{item}\n" for item in subs)
     body = "".join(
-        f"\n{_vtt_time(c.start_ns)} --> {_vtt_time(c.end_ns)}\n" + "\n".join(c.lines) + "\n"
+        f"\n{vtt_time(max(0, c.start_ns) // 1_000_000)} --> "
+        f"{vtt_time(max(0, c.end_ns) // 1_000_000)}\n" + "\n".join(c.lines) + "\n"
         for c in cues
     )
     return "WEBVTT\n" + body
