@@ -66,16 +66,19 @@ class RedisProc:
         self.kill(signal.SIGTERM)
 
 
+FILE_SOURCE = 'kind = "file"\nloop = true'
+
+
 def daemon_config(bus_url: str, port: int, *, latency_ms: int = 1000, ttl_ms: int = 1500,
-                  extra: str = "") -> str:
-    """One channel "main" on the bundled demo clip with the scripted recogniser (no model)."""
+                  extra: str = "", source: str = FILE_SOURCE) -> str:
+    """One channel "main" (by default on the bundled demo clip) with the scripted recogniser
+    (no model)."""
     return f"""
 [tick]
 latency_ms = {latency_ms}
 realtime = false
 [source]
-kind = "file"
-loop = true
+{source}
 [recognizer]
 factory = "subd.testing.recognizer:ScriptedRecognizer"
 [pipeline]

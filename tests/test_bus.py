@@ -25,7 +25,7 @@ from bus_helpers import (
     wait_serving,
     words_by_index,
 )
-from daemon_helpers import healthz, wait_for
+from daemon_helpers import TOKEN, healthz, http, wait_for
 from test_systemd_units import UNITS, _settings, _verify, analyze_works  # noqa: F401 - fixture
 
 from subd.config import BusConfig, config_from_dict
@@ -390,6 +390,33 @@ def test_a_stopped_daemon_hands_its_channel_over_at_once(tmp_path):
         if client is not None:
             client.close()
         edge.stop()
+        for d in daemons:
+            d.stop()
+        redis.stop()
+
+
+def test_a_standby_turns_audio_pushers_away_at_once(tmp_path, monkeypatch):
+    """HTTP push audio goes to the daemon that holds the channel: the standby answers 503 at
+    once (not "no such channel", and without holding the pusher)."""
+    monkeypatch.setenv("SUBD_PUSH_TOKEN", TOKEN)
+    redis = RedisProc(tmp_path).start()
+    daemons = [start_daemon(tmp_path, name, redis.url, ttl_ms=1500,
+                            source='kind = "http"') for name in ("a", "b")]
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    try:
+        holder = wait_for(lambda: next((d for d in daemons if "lease taken" in d.log_text()),
+                                       None), 60, "a holder", daemons[0].proc, daemons[0].log)
+        standby = next(d for d in daemons if d is not holder)
+        wait_for(lambda: "standby, the lease is held by" in standby.log_text(), 30,
+                 "the standby", standby.proc, standby.log)
+        assert http(holder.port, "/c/main/push", method="POST", data=bytes(3200),
+                    headers=auth)[0] == 204
+        t0 = time.monotonic()
+        status, body = http(standby.port, "/c/main/push", method="POST", data=bytes(3200),
+                            headers=auth)
+        assert status == 503 and b"standby" in body, (status, body)
+        assert time.monotonic() - t0 < 2.0  # not the wait for a channel starting
+    finally:
         for d in daemons:
             d.stop()
         redis.stop()

@@ -90,6 +90,12 @@ def test_a_failing_source_is_reported_while_the_other_channel_keeps_its_clock(tm
     port = free_port()
     daemon = start_daemon(tmp_path, config_text(tmp_path, port), port)
     try:
+        wait_for(lambda: healthz(port), START_LIMIT_S, "the port", daemon.proc, daemon.log)
+        # pushed while the model loads: the channel exists, it is not up yet; a pusher is told
+        # to come back (or, up within the wait, accepted), never that there is no such channel
+        status, body = http(port, "/c/c/push", method="POST", data=bytes(3200),
+                            headers={"Authorization": f"Bearer {TOKEN}"})
+        assert status in (204, 503), (status, body)
         wait_for(lambda: healthz(port)[1].get("model_loaded"), START_LIMIT_S, "the server",
                  daemon.proc, daemon.log)
         pusher = threading.Thread(target=push_for, args=(port, 2.5), daemon=True)

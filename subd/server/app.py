@@ -76,12 +76,32 @@ async def _events_options(request: web.Request) -> web.StreamResponse:
     return await sse.handle_options(request)
 
 
+def _takes_push(request: web.Request) -> bool:
+    """The channel is configured for HTTP push audio: running, or not yet (the model loading,
+    a restart), when its handler is not there."""
+    daemon = request.app[DAEMON_KEY]
+    if daemon.source is not None:  # one given source (subd stream): never pushed to
+        return False
+    name = request.match_info.get("channel")
+    specs = daemon.config.channel_specs()
+    spec = specs[0] if name is None else next((s for s in specs if s.name == name), None)
+    return spec is not None and spec.source.kind == "http"
+
+
 async def _push(request: web.Request) -> web.StreamResponse:
-    ch = _channel(request)
-    handler = ch.push_handler if ch is not None else None
-    if handler is None:
+    if not _takes_push(request):
         return _missing("no such channel, or it takes no HTTP audio (source kind = \"http\")")
-    return await handler(request)
+    health = request.app[DAEMON_KEY].health
+    for _ in range(int(SINK_WAIT_S / 0.1)):  # a channel starting or restarting: soon up
+        ch = _channel(request)
+        if ch is not None and ch.push_handler is not None:
+            return await ch.push_handler(request)
+        state = health.channel(ch.name) if ch is not None else None
+        if state is not None and state.state == "standby":  # another daemon holds it (subd.bus)
+            return web.json_response({"error": f"a standby: {state.state_detail}"}, status=503)
+        await asyncio.sleep(0.1)
+    return web.json_response({"error": "the channel is not running; push again later"},
+                             status=503, headers={"Retry-After": "1"})
 
 
 async def _channel_health(request: web.Request) -> web.Response:
