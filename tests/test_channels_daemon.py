@@ -66,8 +66,12 @@ def push_for(port: int, seconds: float) -> None:
     step = 3200
     t0 = time.monotonic()
     for i in range(0, len(pcm), step):
-        status, _ = http(port, "/c/c/push", method="POST", data=pcm[i:i + step],
-                         headers=headers)
+        for _ in range(30):  # told to come back (the channel not up yet): as a client would
+            status, _ = http(port, "/c/c/push", method="POST", data=pcm[i:i + step],
+                             headers=headers)
+            if status != 503:
+                break
+            time.sleep(1.0)
         assert status == 204, status
         time.sleep(max(0.0, t0 + (i + step) / 32000 - time.monotonic()))
 
