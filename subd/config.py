@@ -249,7 +249,7 @@ _CHANNEL_KEYS = ("tick", "source", "sinks", "events")
 
 @dataclass(frozen=True, slots=True)
 class ChannelSpec:
-    """One channel: its own source, tick settings (latency), sinks and events log."""
+    """One channel: source, tick (latency), sinks, events log, prompt (None: [recognizer]'s)."""
 
     name: str
     tick: TickConfig
@@ -257,6 +257,10 @@ class ChannelSpec:
     sinks: SinksConfig
     events: EventsConfig
     sink_options: dict[str, dict[str, Any]] = field(default_factory=dict)
+    prompt: str | None = None
+
+    def prompt_in(self, recognizer: RecognizerConfig) -> str:
+        return recognizer.prompt if self.prompt is None else self.prompt
 
 
 @dataclass(frozen=True, slots=True)
@@ -313,10 +317,11 @@ def _channel_specs(data: dict[str, Any]) -> tuple[ChannelSpec, ...]:
                               f"starting with a letter or digit")
         if not isinstance(table, dict):
             raise ConfigError(f"[{where}]: expected a table")
-        unknown = sorted(set(table) - set(_CHANNEL_KEYS))
+        unknown = sorted(set(table) - {*_CHANNEL_KEYS, "prompt"})
         if unknown:
             raise ConfigError(f"[{where}] {unknown[0]}: unknown key "
-                              f"(known: {', '.join(_CHANNEL_KEYS)})")
+                              f"(known: {', '.join(_CHANNEL_KEYS)}, prompt)")
+        prompt = table.get("prompt")
         merged: dict[str, Any] = {}
         for key in _CHANNEL_KEYS:
             top, own = data.get(key, {}), table.get(key, {})
@@ -327,7 +332,8 @@ def _channel_specs(data: dict[str, Any]) -> tuple[ChannelSpec, ...]:
         built = {key: build_section(f"{where}.{key}", _SECTIONS[key], merged[key])
                  for key in ("tick", "source", "events")}
         specs.append(ChannelSpec(name, sinks=build_section(f"{where}.sinks", SinksConfig, sinks),
-                                 sink_options=options, **built))
+                                 sink_options=options, **built, prompt=None if prompt is None
+                                 else check_prompt(prompt, f"[{where}] prompt")))
     return tuple(specs)
 
 
@@ -352,22 +358,16 @@ def config_from_dict(data: dict[str, Any], path: str = "") -> Config:
     for name in _CORE[:-1]:
         core[name] = build_section(name, _SECTIONS[name], data.get(name, {}))
     from subd.clock import parse_fps  # fps is a string: check it here, not at the first tick
-
-    try:
-        parse_fps(core["tick"].fps)
-    except ConfigError as exc:
-        raise ConfigError(f"[tick] {exc}") from None
-    for spec in channels:
-        try:
-            parse_fps(spec.tick.fps)
-        except ConfigError as exc:
-            raise ConfigError(f"[channels.{spec.name}.tick] {exc}") from None
     from subd.sinks import available_sinks
 
     known = available_sinks()  # reads every installed package's metadata: 6 ms, once
-    _check_sink_names("sinks", core["sinks"].enabled, known)
-    for spec in channels:
-        _check_sink_names(f"channels.{spec.name}.sinks", spec.sinks.enabled, known)
+    for where, tick, sinks in (("", core["tick"], core["sinks"]),
+                               *((f"channels.{c.name}.", c.tick, c.sinks) for c in channels)):
+        try:
+            parse_fps(tick.fps)
+        except ConfigError as exc:
+            raise ConfigError(f"[{where}tick] {exc}") from None
+        _check_sink_names(f"{where}sinks", sinks.enabled, known)
     return Config(**core, path=path, extra=extra, channels=channels)
 
 

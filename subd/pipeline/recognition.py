@@ -21,7 +21,7 @@ log = logging.getLogger("subd.pipeline.scheduler")
 
 class RecognitionLoop:
     """Recognition, for :class:`~subd.pipeline.scheduler.Pipeline` (which sets every attribute
-    used here: clock, settings, grid, ingest, planner, recogniser, counters)."""
+    used here: clock, settings, grid, ingest, planner, recogniser, counters, prompt)."""
 
     async def _recognise_loop(self) -> None:
         step = max(self.settings.min_update_ms * 16, 1)
@@ -55,13 +55,14 @@ class RecognitionLoop:
                 # the stream's last decode runs on Whisper's full input: the words due before
                 # it can be in are decided first, from the last reading (no new audio: no decode)
                 due = UpdateRequest(sent, self.planner.finish_until(self.grid, sent_ns),
-                                    full_span=plan is not None and plan.full_span, ending=True)
+                                    full_span=plan is not None and plan.full_span, ending=True,
+                                    prompt=self.prompt)
                 self._integrate(await self.recogniser.call(due, sent_ns))
                 sent_ns = planned_ns = self.clock.now_ns()
             plan = None if final else self.planner.plan(self.grid, planned_ns)
-            request = FinishRequest(end) if plan is None else UpdateRequest(
+            request = FinishRequest(end, self.prompt) if plan is None else UpdateRequest(
                 end, plan.commit_until_ns, full_span=plan.full_span, due_ns=plan.due_ns,
-                first_caption=not self._captioned)
+                first_caption=not self._captioned, prompt=self.prompt)
             result = await self.recogniser.call(request, sent_ns)
             if result.degraded:
                 self._degraded_update()

@@ -60,7 +60,8 @@ class Pipeline(RecognitionLoop, TickPublisher):
     def __init__(self, *, clock: Clock, settings: TickSettings, source: Source,
                  recogniser: Worker, tagger: Worker, history: AudioHistory,
                  sinks: list[Any] = (), events: EventsLog | None = None,
-                 observer: Observer | None = None, layout: Any | None = None) -> None:
+                 observer: Observer | None = None, layout: Any | None = None,
+                 prompt: str | None = None) -> None:
         self.clock = clock
         self.settings = settings
         self.source = source
@@ -70,6 +71,7 @@ class Pipeline(RecognitionLoop, TickPublisher):
         self.sinks = list(sinks)
         self.events = events
         self.observer = observer
+        self.prompt = prompt  # names and terms to expect: each update carries it (live)
         # cues are laid out here, once per tick, and carried in the state to every sink:
         # .apply(state) -> state with cues, .finish() -> the cues closed at the end
         self.layout = layout if layout is not None else CueLayout()

@@ -111,6 +111,14 @@ HEARD_MARGIN_MS = 150
 HEARD_MIN_SPEECH_MS = 90
 
 
+def _speech(vad: VoiceActivityDetector, audio, first: int, end: int) -> list[tuple[int, int]]:
+    """Speech in samples [``first``, ``end``) as words are judged against it: absolute
+    [start, end) ranges, runs of at least ``HEARD_MIN_SPEECH_MS`` of voiced frames."""
+    return [(first + a, first + b) for a, b in vad.regions_at(
+        audio, first, end, min_speech_ms=HEARD_MIN_SPEECH_MS, min_silence_ms=SETTLE_JOIN_MS,
+        pad_ms=SETTLE_PAD_MS, min_voiced_run_ms=HEARD_MIN_SPEECH_MS)]
+
+
 def heard(vad: VoiceActivityDetector, audio, words: Sequence[Word], first: int,
           end: int, stream_end: bool = False) -> list[Word]:
     """The ``words`` with speech under them, of samples [``first``, ``end``). Whisper writes
@@ -128,10 +136,8 @@ def heard(vad: VoiceActivityDetector, audio, words: Sequence[Word], first: int,
     judged = [lo < hi and (stream_end or hi <= end - FRAME_SAMPLES) for lo, hi in spans]
     if not any(judged):
         return list(words)
-    lo0 = min(lo for (lo, _), j in zip(spans, judged, strict=True) if j)
-    speech = [(lo0 + a, lo0 + b) for a, b in vad.regions_at(
-        audio, lo0, end, min_speech_ms=HEARD_MIN_SPEECH_MS, min_silence_ms=SETTLE_JOIN_MS,
-        pad_ms=SETTLE_PAD_MS, min_voiced_run_ms=HEARD_MIN_SPEECH_MS)]
+    speech = _speech(vad, audio, min(lo for (lo, _), j in zip(spans, judged, strict=True) if j),
+                     end)
     return [w for w, (lo, hi), j in zip(words, spans, judged, strict=True)
             if not j or any(a < hi and b > lo for a, b in speech)]
 
@@ -155,9 +161,7 @@ def overruns_cut(vad: VoiceActivityDetector | None, audio, words: Sequence[Word]
     lo0 = max(first, ns_to_samples(words[0].start_ns))
     if lo0 >= decided:
         return list(words)
-    speech = [(lo0 + a, lo0 + b) for a, b in vad.regions_at(
-        audio, lo0, end, min_speech_ms=HEARD_MIN_SPEECH_MS, min_silence_ms=SETTLE_JOIN_MS,
-        pad_ms=SETTLE_PAD_MS, min_voiced_run_ms=HEARD_MIN_SPEECH_MS)]
+    speech = _speech(vad, audio, lo0, end)
     overrun = OVERRUN_MS * SAMPLE_RATE_HZ // 1000
     remainder = LONG_REMAINDER_MS * SAMPLE_RATE_HZ // 1000
     out: list[Word] = []

@@ -3,8 +3,9 @@ Policy (subd.recognise.commit): in the pipeline a word is committed at its deadl
 hypothesis with the most right context that is in by then (``update(commit_until_ns)``); driven
 alone, LocalAgreement-2 with bounded lag, as follows.
 
-* Each ``update`` decodes the window [window_start, audio_end) with the committed text as the
-  previous-text prompt, over Whisper's whole 30 s input or a cut span (``update(full_span)``).
+* Each ``update`` decodes the window [window_start, audio_end) with the user's prompt
+  (``set_prompt``) and the committed text as its context, on Whisper's whole 30 s input or a
+  cut span (``update(full_span)``).
 * Words of the new hypothesis that lie before the commit point are dropped; a word is committed
   when two consecutive hypotheses that both heard it out agree on it (same normalised text, in
   order) and Whisper gave it at least ``agree_min_probability`` in both — or, for a word it stays
@@ -13,12 +14,10 @@ alone, LocalAgreement-2 with bounded lag, as follows.
   ``confident_guard_ms`` before the audio end, another word after it), or when it is older
   than ``max_tentative_ms`` (bounded latency: commit.voted), or when the voice-activity
   detector shows a pause of ``pause_commit_ms`` after it (the utterance has ended).
-* Committed words are never changed or retracted. The window start moves up to the commit point
-  once ``trim_after_ms`` of committed audio has built up (``_trim``), so an update's cost stays
-  bounded. At ``max_window_ms`` without a commit, all but the last hypothesis word are committed
-  and the window is cut there (DESIGN: "it drops speech").
-* Windows without speech are not decoded (VAD gating); loops: the engine's repetition guard
-  and a token budget that grows with the window (``TOKENS_PER_S``)."""
+* Committed words never change. The window moves up to the commit point once ``trim_after_ms``
+  of committed audio built up (``_trim``): an update's cost stays bounded. At ``max_window_ms``
+  without a commit, all but the last word are committed and the window is cut there.
+* Windows without speech are not decoded; loops meet a token budget (``TOKENS_PER_S``)."""
 
 from __future__ import annotations
 
@@ -107,9 +106,13 @@ class StreamingRecognizer:
         self.deadline_mode = False  # the pipeline gives deadlines (update's commit_until_ns)
         self._finishing = False  # finish() runs: the audio has ended (_heard)
 
+    def set_prompt(self, text: str) -> None:
+        """Names and terms to expect from the next decode on (a channel's, changed live)."""
+        self._user_prompt = user_prompt_tokens(self.engine.tokenizer, text)
+
     def read_from(self, reader: HistoryReader) -> None:
-        """Read the window in place from the channel's shared audio history (the daemon's
-        recogniser process): whoever owns ``reader`` advances its end; ``accept`` is unused."""
+        """Read the window in place from the channel's shared audio history (its owner moves
+        its end; ``accept`` is unused)."""
         self._audio = reader
 
     @property
@@ -128,8 +131,7 @@ class StreamingRecognizer:
         return samples_to_ns(self.audio.end_sample)
 
     def start_at(self, sample: int) -> None:
-        """A recogniser respawned mid-stream (its process died) hears the stream from
-        ``sample`` on: the window never reaches back into audio it was not given."""
+        """Respawned mid-stream: the window never reaches back before ``sample``."""
         st = self.state
         st.window_start = st.last_decode_end = st.settled_end = sample
         st.committed_end_ns = samples_to_ns(sample)
@@ -191,15 +193,13 @@ class StreamingRecognizer:
         if end > st.window_start:
             window = self.audio.read(st.window_start, end)
             if self.vad is None or self._has_speech(st.window_start, end):
-                # Whisper's full 30 s input: this decode commits without a second opinion,
-                # and a window cut 2 s after the audio invents words at the end of a stream
-                # ("... comments tonight. And")
+                # Whisper's full 30 s input: this decode commits without a second opinion, and
+                # a cut window invents words at a stream's end ("... comments tonight. And")
                 self.languages.resolve(window, None)  # "auto" and too little speech: name it now
                 newly = self._take(self._decode(window, FULL_SPAN))
-                # Whisper may close a segment and end the decode with speech after it (offline,
-                # its next window reads on from there): "over his shoulders and" and the end,
-                # "an esclavine of leather" lost. Decode on from the committed words, as long
-                # as that adds words and speech is left after them.
+                # Whisper may end a decode at a segment with speech after it (offline reads on
+                # in its next window): "an esclavine of leather" was lost after "over his
+                # shoulders and". Decode on while that adds words and speech is left after them.
                 for _ in range(FINISH_ROUNDS):
                     if not newly or (self.vad is not None and settle.speech_onset(
                             self.vad, self.audio, self._commit_sample(), end) is None):

@@ -226,7 +226,8 @@ class DaemonChannel(ChannelReload):
                                      recogniser=rec, tagger=tag, history=history,
                                      sinks=list(self.sinks.values()), events=self.events,
                                      observer=observer,
-                                     layout=build_layout(d.layout_spec, d.config))
+                                     layout=build_layout(d.layout_spec, d.config),
+                                     prompt=spec.prompt_in(cfg.recognizer))
             self._layout_key = layout_key(d.layout_spec, d.config)
             observer.counters = self.pipeline.counters  # misses as the scheduler counts them
             # awaited here: its failure is the channel's (and its supervisor's) to report

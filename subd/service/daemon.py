@@ -361,8 +361,9 @@ class Daemon:
         restarted; added and removed channels start and stop. Everything is checked before
         anything changes: on an error the old configuration stays in force."""
         old = self.config
-        for section in ("server", "recognizer"):
-            if getattr(old, section) != getattr(new, section):
+        kept = dataclasses.replace(old.recognizer, prompt=new.recognizer.prompt)  # live
+        for section, was in (("server", old.server), ("recognizer", kept)):
+            if was != getattr(new, section):
                 log.warning("[%s] changed: takes effect at the next restart", section)
         if new.pipeline.tagger != old.pipeline.tagger:
             log.warning("[pipeline] tagger changed: takes effect at the next restart")
@@ -374,7 +375,7 @@ class Daemon:
                 plans[name] = await ch.prepare(specs[name])  # builds sinks, checks latency
         try:
             self.config = dataclasses.replace(
-                new, recognizer=old.recognizer, server=old.server,
+                new, recognizer=kept, server=old.server,
                 pipeline=dataclasses.replace(new.pipeline, tagger=old.pipeline.tagger))
             self.layout_spec = new.pipeline.layout
             self.context.config, self.context.layout_spec = self.config, self.layout_spec

@@ -1,5 +1,5 @@
 """A channel's configuration reload, in two steps: ``prepare`` builds and checks everything a
-new configuration changes (sinks, latency, events log), ``commit`` switches over between two
+new configuration changes (sinks, latency, events log, prompt), ``commit`` switches over between two
 ticks; a channel whose source or tick rate changed is restarted instead (``needs_restart``).
 :class:`ChannelReload` is mixed into :class:`~subd.service.channel.DaemonChannel`.
 """
@@ -108,6 +108,10 @@ class ChannelReload:
         if layout is not None and key != self._layout_key:  # [layout] or its factory changed
             p.set_layout(build_layout(self.ctx.layout_spec, self.ctx.config))  # its own
             self._layout_key = key
+        prompt = spec.prompt_in(self.ctx.config.recognizer)
+        if prompt != p.prompt:  # the next update carries it to the recogniser
+            log.info("reload: channel %s: names and terms to expect now %r", self.name, prompt)
+            p.prompt = prompt
         self.spec = spec
 
     def _swap_events(self, path: str) -> None:

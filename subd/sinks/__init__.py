@@ -20,6 +20,12 @@ from typing import Any, Protocol, runtime_checkable
 from subd.types import CaptionState
 
 ENTRY_POINT_GROUP = "subd.sinks"
+LOG_EVERY = 100  # a failure repeated at every tick is logged the first time, then every 100th
+
+
+def worth_logging(n: int) -> bool:
+    """Log the ``n``-th occurrence of one repeated failure? (30 lines a second otherwise)"""
+    return n == 1 or n % LOG_EVERY == 0
 
 
 @runtime_checkable

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import IO
 
 from subd.errors import UserError
+from subd.sinks import worth_logging
 from subd.types import CaptionState
 
 NS_PER_MS = 1_000_000
@@ -94,7 +95,7 @@ class EventsLog:
 
     def _failed(self, exc: OSError) -> None:
         self.n_write_errors += 1
-        if self.n_write_errors == 1 or self.n_write_errors % 100 == 0:
+        if worth_logging(self.n_write_errors):
             log.error("events log %s: cannot write (%s); %d failures so far", self.path,
                       exc.strerror or exc, self.n_write_errors)
 

@@ -37,6 +37,7 @@ from typing import Any, ClassVar
 import pysrt
 
 from subd.errors import ConfigError
+from subd.sinks import worth_logging
 from subd.tasks import cancel_and_wait, start_task
 from subd.types import CaptionState, Cue
 from subd.validate import check_range, from_mapping
@@ -225,7 +226,7 @@ class CueFileSink:
 
     def _failed(self, exc: OSError) -> None:
         self.n_write_errors += 1
-        if self.n_write_errors == 1 or self.n_write_errors % 100 == 0:
+        if worth_logging(self.n_write_errors):
             kind = "disk full" if exc.errno == errno.ENOSPC else exc.strerror or str(exc)
             log.error("%s: cannot write %s (%s); %d failures so far, %d cues waiting, "
                       "will retry", self.name, self.path, kind, self.n_write_errors,

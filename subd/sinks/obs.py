@@ -26,6 +26,7 @@ from typing import Any
 import aiohttp
 
 from subd.layout.cues import LayoutConfig, RollUp
+from subd.sinks import worth_logging
 from subd.tasks import cancel_and_wait, start_task
 from subd.types import CaptionState, Cue
 from subd.validate import check_choice, check_range, from_mapping
@@ -202,7 +203,7 @@ class OBSSink:
                 self.n_acked += 1
             else:
                 self.n_rejected += 1
-                if self.n_rejected == 1 or self.n_rejected % 100 == 0:
+                if worth_logging(self.n_rejected):
                     log.warning("OBS refused a caption (code %s: %s); %d refused so far",
                                 status.get("code"), status.get("comment", ""), self.n_rejected)
         raise ConnectionError(f"connection closed (code {ws.close_code})")

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, TextIO
 
 from subd.errors import ConfigError
+from subd.sinks import worth_logging
 from subd.sinks.files import cue_span_ms, vtt_time
 from subd.types import CaptionState, Cue
 from subd.validate import check_range, from_mapping
@@ -111,7 +112,7 @@ class TextSink:
             return
         if self._queue.qsize() >= self.max_pending:
             self.n_dropped += 1
-            if self.n_dropped == 1 or self.n_dropped % 100 == 0:
+            if worth_logging(self.n_dropped):
                 log.warning("text: output not read, %d cues dropped so far", self.n_dropped)
             return
         self._queue.put(text)

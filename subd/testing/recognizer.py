@@ -3,7 +3,9 @@
 It "hears" a fixed script of timed words: a word becomes tentative once its audio has been
 accepted and is committed ``commit_delay_ms`` later, like a local-agreement policy. The
 tentative tail deliberately changes spelling between updates, so tests can tell that only the
-tail may change while committed words never do.
+tail may change while committed words never do. A prompt (``set_prompt``, what a channel's
+requests carry) is written into the words heard after it: with "Tilney" set, "w7" is "Tilney7",
+so a test can tell which prompt reached the recogniser, and when.
 """
 
 from __future__ import annotations
@@ -29,10 +31,19 @@ class ScriptedRecognizer:
                  commit_delay_ms: int = 600, word_ms: int = 300, gap_ms: int = 100) -> None:
         script = words if words is not None else script_words(n_words, word_ms, gap_ms)
         self.words = [Word(text, s * NS_PER_MS, e * NS_PER_MS) for text, s, e in script]
+        self._texts = [w.text for w in self.words]  # as scripted (set_prompt writes others)
         self.commit_delay_ns = commit_delay_ms * NS_PER_MS
         self.audio_end_ns = 0
         self.n_committed = 0
         self.n_updates = 0
+        self.prompt = ""
+
+    def set_prompt(self, text: str) -> None:
+        self.prompt = text
+        head = text.split()[0].strip(".,") if text.split() else ""
+        for i in range(self.n_committed, len(self.words)):  # the words not yet committed
+            w = self.words[i]
+            self.words[i] = Word(f"{head}{i}" if head else self._texts[i], w.start_ns, w.end_ns)
 
     def accept(self, chunk: AudioChunk) -> None:
         self.audio_end_ns = max(self.audio_end_ns, samples_to_ns(chunk.start_sample

@@ -76,11 +76,15 @@ class UpdateRequest:
     # False: degraded, the update could not make ``due_ns``: no new audio is read and nothing
     # is decoded, the due words are decided from the last reading (subd.gpu.scheduler)
     decode: bool = True
+    # the channel's names and terms to expect, as it has them now (a reload changes them
+    # live); None: the recogniser keeps the prompt it was built with
+    prompt: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class FinishRequest:
     end_sample: int
+    prompt: str | None = None  # as UpdateRequest's
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,6 +127,7 @@ class RecogniserHost:
         self.takes_span = accepts(self.recognizer.update, "full_span")
         self.takes_ending = accepts(self.recognizer.update, "ending")
         self.takes_decode = accepts(self.recognizer.update, "decode")
+        self.prompt: str | None = None  # the last one a request carried (set_prompt)
         # what its updates cost, measured before the channel's first words (the planner's
         # first expectation, subd.recognise.warmup); not again for a channel resumed
         # mid-stream, whose planner has measured its own
@@ -153,6 +158,12 @@ class RecogniserHost:
         n_decodes = getattr(self.recognizer, "n_decodes", None)
         degraded = isinstance(request, UpdateRequest) and not request.decode
         lost = 0 if degraded else self._accept_until(request.end_sample)
+        prompt = request.prompt
+        if prompt is not None and prompt != self.prompt:
+            set_prompt = getattr(self.recognizer, "set_prompt", None)
+            if set_prompt is not None:  # a plugged-in recogniser may have no prompt
+                set_prompt(prompt)
+            self.prompt = prompt
         if isinstance(request, FinishRequest):
             hyp = self.recognizer.finish()
         elif request.commit_until_ns is not None and self.takes_deadline:
