@@ -100,9 +100,14 @@ def test_words_said_again_reach_the_captions_at_every_deadline(latency_ms, tmp_p
 # from a loop needs more than the timings: keeping a squeezed run whose next word does not
 # start the phrase again fixed seed 304 and wrote a fifth copy at seeds 223, 224 and 307 (the
 # alignment squeezes Whisper's looped copies the same way). Not kept.
-@pytest.mark.xfail(strict=False, reason="a copy squeezed by the alignment is cut as a loop "
-                   "under some update timings (seed 304)")
-@pytest.mark.parametrize("seed", [304])
+# 2026-12-07: seed 304 keeps every copy since (four copies here and in CI); seeds 224 ("we will
+# go back") and 1 (a copy lost) do not, seeds 2, 223 and 307 do: still under some timings.
+_STILL_LOST = pytest.mark.xfail(strict=False, reason="a copy squeezed by the alignment is cut "
+                                "as a loop under some update timings")
+
+
+@pytest.mark.parametrize("seed", [304, pytest.param(224, marks=_STILL_LOST),
+                                  pytest.param(1, marks=_STILL_LOST)])
 def test_every_copy_survives_update_costs_that_vary(clip, seed, monkeypatch):
     import random
 
