@@ -1,6 +1,7 @@
 """A channel's configuration reload, in two steps: ``prepare`` builds and checks everything a
-new configuration changes (sinks, latency, events log, prompt), ``commit`` switches over between two
-ticks; a channel whose source or tick rate changed is restarted instead (``needs_restart``).
+new configuration changes (sinks, latency, events log), ``commit`` switches over between two
+ticks (the prompt too: the next update carries it); a channel whose source or tick rate changed
+is restarted instead (``needs_restart``).
 :class:`ChannelReload` is mixed into :class:`~subd.service.channel.DaemonChannel`.
 """
 
