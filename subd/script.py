@@ -90,6 +90,18 @@ def join_words(texts: list[str] | tuple[str, ...]) -> str:
     return "".join(out)
 
 
+def latin_spaced(text: str) -> str:
+    """A space where a Latin letter or digit meets a CJK character inside one word ("情况12"
+    -> "情况 12"), as ``joiner`` puts one between two words."""
+    out = text[:1]
+    for a, b in zip(text, text[1:], strict=False):
+        if (is_cjk(a) and not _is_mark(a) and b.isascii() and b.isalnum()) or (
+                a.isascii() and a.isalnum() and is_cjk(b) and not _is_mark(b)):
+            out += " "
+        out += b
+    return out
+
+
 def fullwidth_marks(text: str) -> str:
     """Half-width marks that follow a CJK character become full-width ("很好," -> "很好，").
     A mark after a Latin letter or digit stays ("3.5", "Debian,")."""

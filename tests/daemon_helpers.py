@@ -184,6 +184,20 @@ def scripted_push_config(port: int, *, latency_ms: int = 500, quiet_after_ms: in
                          recognizer=SCRIPTED_RECOGNIZER, extra=extra)
 
 
+def displayed_words(ticks: list[dict]) -> list[str]:
+    """The committed words of the events log as displayed: the rest of a word committed cut
+    short ("joined": "am" + "iable,") is glued to it, as the SRT shows it ("amiable,")."""
+    from subd.layout.rules import takes_rest
+
+    out: list[str] = []
+    for w in (w for t in ticks for w in t["committed"]):
+        if w.get("joined") and out and takes_rest(out[-1], w["w"]):
+            out[-1] += w["w"]
+        else:
+            out.append(w["w"])
+    return out
+
+
 def read_jsonl(path: Path) -> tuple[dict, list[dict]]:
     lines = [json.loads(line) for line in path.read_text().splitlines() if line.endswith("}")]
     return lines[0], [r for r in lines[1:] if r.get("type") == "tick"]

@@ -123,3 +123,23 @@ def test_a_chinese_cue_that_fits_on_one_line_is_one_line():
     ws = words("秀妹,失意昂然。", chars_per_s=3.0)
     cues, _ = lay_out(ws)
     assert [c.lines for c in cues] == [("秀妹，失意昂然。",)]
+
+
+def test_digits_next_to_chinese_are_spaced_however_the_recogniser_grouped_them():
+    """Whisper wrote "12" for 一二 after "情况" (a live run, 2026-12-07), once as the rest of the
+    word before it ("joined", which glues a word's rest to it) and once inside one word: both
+    lines read "情况 12 线", as the joiner spaces two words (issue 20: mixed text is spaced)."""
+    step = NS_PER_S // 4
+
+    def word(i: int, text: str, joined: bool = False) -> Word:
+        return Word(text, i * step, i * step + step - 20_000_000, joined=joined)
+
+    for ws in ([word(0, "情"), word(1, "况"), word(2, "12", joined=True), word(3, "线")],
+               [word(0, "情况12"), word(1, "线")]):
+        cues, _ = lay_out(ws)
+        lines = [line for cue in cues for line in cue.lines]
+        assert lines == ["情况 12 线"], lines
+        assert [f for line in lines for f in line_faults(line, 16)] == []
+    # a Latin word's rest stays glued ("ill" + "-disposed")
+    cues, _ = lay_out([word(0, "ill"), word(1, "-disposed", joined=True), word(2, "man")])
+    assert [line for cue in cues for line in cue.lines] == ["ill-disposed man"]

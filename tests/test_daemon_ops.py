@@ -19,6 +19,7 @@ from daemon_helpers import (
     START_LIMIT_S,
     NotifyListener,
     daemon_config,
+    displayed_words,
     free_port,
     healthz,
     http,
@@ -200,7 +201,7 @@ def test_sigterm_exits_0_with_the_srt_complete(daemon):
     subs = pysrt.open(str(daemon.out / "live.srt"), error_handling=pysrt.ERROR_RAISE)
     srt_words = " ".join(s.text for s in subs).split()
     _, published = read_jsonl(daemon.out / "events.jsonl")
-    committed = [c["w"] for t in published for c in t["committed"]]
+    committed = displayed_words(published)
     assert committed and srt_words == committed  # every committed word, in order, once
     assert all(a.start <= a.end <= b.start for a, b in zip(subs, subs[1:], strict=False))
     assert any("STOPPING=1" in m for m in daemon.notify.drain())

@@ -22,6 +22,7 @@ from daemon_helpers import (
     SHORT_CLIP,
     START_LIMIT_S,
     TOKEN,
+    displayed_words,
     free_port,
     healthz,
     read_jsonl,
@@ -88,8 +89,7 @@ def n_cues(daemon, channel: str) -> int:
 
 
 def committed_words(daemon, channel: str) -> list[str]:
-    _, ticks = read_jsonl(daemon.out / f"{channel}.jsonl")
-    return [w["w"] for t in ticks for w in t["committed"]]
+    return displayed_words(read_jsonl(daemon.out / f"{channel}.jsonl")[1])
 
 
 def srt_words(daemon, channel: str) -> list[str]:

@@ -255,7 +255,7 @@ class Published:
         for tw in state.committed:  # untagged words keep their mark in the text ("them.")
             text = tw.text + tw.punct
             last = self.words[-1][0] if self.words else ""
-            if tw.word.joined and takes_rest(last):  # the rest of the word before, as shown
+            if tw.word.joined and takes_rest(last, text):  # the rest of the word before, as shown
                 self.words[-1] = (last + text, *self.words[-1][1:])
             else:
                 self.words.append((text, None, tw.word.end_ns, sent_ns))

@@ -31,7 +31,7 @@ from subd.layout.rules import (
     split_long,
     wrap,
 )
-from subd.script import fullwidth_marks, has_cjk, joiner
+from subd.script import fullwidth_marks, has_cjk, joiner, latin_spaced
 from subd.types import CaptionState, Cue, TaggedWord
 from subd.validate import check_choice, check_range, from_mapping
 
@@ -136,7 +136,7 @@ def token_of(word: TaggedWord) -> Token:
     if word.punct and not text.endswith(word.punct):
         text += word.punct
     if has_cjk(text):
-        text = fullwidth_marks(text)  # "很好," -> "很好，"
+        text = latin_spaced(fullwidth_marks(text))  # "很好," -> "很好，", "况12" -> "况 12"
     return Token(text, word.word.start_ns, word.word.end_ns, word.punct, word.break_after,
                  glue_before=joined)
 

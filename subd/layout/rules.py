@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from subd.script import CLOSING, OPENING, TITLE_ABBREVIATIONS, columns, is_wide, joiner
+from subd.script import CLOSING, OPENING, TITLE_ABBREVIATIONS, columns, is_cjk, is_wide, joiner
 
 # Words that must stay with the word after them (the noun phrase they introduce).
 GLUE_WORDS = frozenset(
@@ -139,10 +139,12 @@ def _cut_wide(text: str, max_cols: int) -> list[str]:
     return pieces + [cur] if cur else pieces
 
 
-def takes_rest(left: str) -> bool:
-    """Whether the rest of a word (a split piece, ``Word.joined``) is glued to ``left``: where
-    that ends in a letter, a digit or a hyphen; after a mark the two stay apart ("letter,
-    press")."""
+def takes_rest(left: str, right: str = "") -> bool:
+    """Whether the rest of a word (a split piece, ``Word.joined``), ``right``, is glued to
+    ``left``: where that ends in a letter, a digit or a hyphen; after a mark the two stay apart
+    ("letter, press"), and so do CJK and Latin text ("情况" and "12": spaced as two words)."""
+    if left[-1:] and right[:1] and is_cjk(left[-1]) != is_cjk(right[0]):
+        return False
     return left[-1:].isalnum() or left.endswith("-")
 
 
@@ -150,7 +152,7 @@ def _sep(left: Token, right: Token) -> str:
     """Between two tokens of a line: nothing inside a split word (a long one, or one committed
     cut short and continued: ``takes_rest``) or between CJK characters, else a space
     (subd.script.joiner)."""
-    glued = right.glue_before and takes_rest(left.text)
+    glued = right.glue_before and takes_rest(left.text, right.text)
     return "" if glued else joiner(left.text, right.text)
 
 
