@@ -184,18 +184,25 @@ def scripted_push_config(port: int, *, latency_ms: int = 500, quiet_after_ms: in
                          recognizer=SCRIPTED_RECOGNIZER, extra=extra)
 
 
-def displayed_words(ticks: list[dict]) -> list[str]:
-    """The committed words of the events log as displayed: the rest of a word committed cut
-    short ("joined": "am" + "iable,") is glued to it, as the SRT shows it ("amiable,")."""
-    from subd.layout.rules import takes_rest
-
-    out: list[str] = []
-    for w in (w for t in ticks for w in t["committed"]):
-        if w.get("joined") and out and takes_rest(out[-1], w["w"]):
-            out[-1] += w["w"]
-        else:
-            out.append(w["w"])
-    return out
+def same_words_shown(srt_words: list[str], ticks: list[dict]) -> bool:
+    """Every committed word of the events log ``ticks``, once and in order, in ``srt_words``
+    (the SRT's text split at spaces and line breaks). The rest of a word committed cut short
+    ("joined": "am" + "iable,") is shown glued to it ("amiable,"), or at the start of the next
+    cue when the cue with its head had closed: the letters are compared, in order, and each
+    word not such a rest must start a shown word."""
+    committed = [w for t in ticks for w in t["committed"]]
+    if "".join(srt_words) != "".join(w["w"] for w in committed):
+        return False
+    starts, at = set(), 0
+    for word in srt_words:
+        starts.add(at)
+        at += len(word)
+    at = 0
+    for w in committed:
+        if not w.get("joined") and at not in starts:
+            return False
+        at += len(w["w"])
+    return True
 
 
 def read_jsonl(path: Path) -> tuple[dict, list[dict]]:
