@@ -90,15 +90,19 @@ def join_words(texts: list[str] | tuple[str, ...]) -> str:
     return "".join(out)
 
 
+def latin_meets_cjk(a: str, b: str) -> bool:
+    """Two adjacent characters, a Latin letter or digit and a CJK character (not a mark), that
+    need a space between them (CJK layout)."""
+    return (is_cjk(a) and not _is_mark(a) and b.isascii() and b.isalnum()) or (
+        a.isascii() and a.isalnum() and is_cjk(b) and not _is_mark(b))
+
+
 def latin_spaced(text: str) -> str:
     """A space where a Latin letter or digit meets a CJK character inside one word ("情况12"
     -> "情况 12"), as ``joiner`` puts one between two words."""
     out = text[:1]
     for a, b in zip(text, text[1:], strict=False):
-        if (is_cjk(a) and not _is_mark(a) and b.isascii() and b.isalnum()) or (
-                a.isascii() and a.isalnum() and is_cjk(b) and not _is_mark(b)):
-            out += " "
-        out += b
+        out += " " + b if latin_meets_cjk(a, b) else b
     return out
 
 

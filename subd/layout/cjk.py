@@ -62,7 +62,7 @@ def line_faults(line: str, max_chars: int) -> list[str]:
     """What breaks the CJK layout rules in one laid-out line (empty: nothing): too wide, a
     closing mark first, an opening mark last, a space between two CJK characters, a Latin word
     glued to CJK text, or a half-width mark after a CJK character."""
-    from subd.script import CLOSING, FULLWIDTH, OPENING, is_cjk
+    from subd.script import CLOSING, FULLWIDTH, OPENING, is_cjk, latin_meets_cjk
 
     faults = []
     if columns(line) > 2 * max_chars:
@@ -75,15 +75,8 @@ def line_faults(line: str, max_chars: int) -> list[str]:
         if b == " " and is_cjk(a) and is_cjk(c):
             faults.append(f"space between CJK characters: {line!r}")
     for a, b in zip(line, line[1:], strict=False):
-        if (is_cjk(a) and not _mark(a) and b.isascii() and b.isalnum()) or (
-                a.isascii() and a.isalnum() and is_cjk(b) and not _mark(b)):
+        if latin_meets_cjk(a, b):
             faults.append(f"Latin text glued to CJK text: {line!r}")
         if is_cjk(a) and b in FULLWIDTH and b not in "()":
             faults.append(f"half-width mark after CJK text: {line!r}")
     return faults
-
-
-def _mark(ch: str) -> bool:
-    import unicodedata
-
-    return unicodedata.category(ch).startswith("P")
