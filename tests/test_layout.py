@@ -210,3 +210,34 @@ def test_fractional_fps_gap_is_two_whole_frames() -> None:
     config = LayoutConfig(fps="30000/1001")
     assert config.gap_ns >= 2 * 1001 * 1_000_000_000 / 30000
     assert config.gap_ns - 2 * 1001 * 1_000_000_000 / 30000 < 3
+
+
+def test_a_word_committed_cut_short_is_never_broken_from_its_rest() -> None:
+    """The rest of a word committed cut short ("am" + "iable": ``Word.joined``) arrives in a
+    later update. The line or cue it fills must not break between the two: a viewer read "made
+    am" over "iable himself" (a line break was as good as a space there). The head moves down
+    with its rest, in pop-on cues of one or two lines and in roll-up."""
+    s = 320_000_000
+    head = [Word(t, i * s, i * s + s - 20_000_000)
+            for i, t in enumerate("he might even have been made am".split())]
+    n = len(head)
+    rest = Word("iable", n * s, n * s + s - 20_000_000, joined=True)
+    after = [Word(t, (n + 1 + i) * s, (n + 1 + i) * s + s - 20_000_000)
+             for i, t in enumerate("himself and then some more".split())]
+
+    def tw(ws: list[Word]) -> list[TaggedWord]:
+        return [TaggedWord(w, w.text, "", "lower", 0.0, True) for w in ws]
+
+    for chars, lines in ((37, 2), (16, 2), (16, 1), (32, 1)):
+        layout = CueLayout(LayoutConfig(max_chars_per_line=chars, max_lines=lines))
+        cues = layout.push(tw(head), head[-1].end_ns)  # the rest comes with a later tick
+        cues += layout.push(tw([rest]), rest.end_ns)
+        cues += layout.push(tw(after), after[-1].end_ns) + layout.finish()
+        shown = [w for c in cues for line in c.lines for w in line.split()]
+        assert "amiable" in shown, (chars, lines, [c.lines for c in cues])
+        assert shown == "he might even have been made amiable himself and then some more".split()
+    roll = RollUp(LayoutConfig(mode="rollup", max_chars_per_line=34, max_lines=2))
+    roll.push(tw(head))
+    roll.push(tw([rest, *after]))
+    assert [line.committed for line in roll.display()] == [
+        "he might even have been made", "amiable himself and then some more"]

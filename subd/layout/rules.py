@@ -65,6 +65,10 @@ def is_number(text: str) -> bool:
 def break_score(left: Token, right: Token | None) -> float:
     """How good it is to end a line/cue after ``left`` (higher is better; < 0 is bad)."""
     if right is not None and right.glue_before:
+        if takes_rest(left.text, right.text) and not left.text.endswith("-") \
+                and not is_cjk(left.text[-1]):
+            # the rest of a word committed cut short ("am" + "iable,"): the word stays whole
+            return -FORBIDDEN_PENALTY
         return 0.5  # inside a split long word: allowed (the piece ends in a hyphen), neutral
     punct = left.punct or (left.text[-1] if left.text and not left.text[-1].isalnum() else "")
     if left.text.lower() in TITLE_ABBREVIATIONS:
