@@ -184,7 +184,7 @@ class BatchRules:
         marks = None
         if self.mark_ids is not None:  # before the rules touch the logits, as decode_window
             logits = buf.logits[:n]
-            marks = (logits[:, self.mark_ids] - torch.logsumexp(logits, dim=-1)[:, None]).exp()
+            marks = torch.log_softmax(logits, dim=-1)[:, self.mark_ids].exp()  # as decode_window
         if select_gpu.available(buf.logits):
             temperature = seed = None
             if sample:  # a new draw per step, also when a CUDA graph replays this
