@@ -12,6 +12,7 @@ import asyncio
 import base64
 import dataclasses
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -72,6 +73,9 @@ async def chromium() -> AsyncIterator[CDP]:
         "--remote-debugging-port=0", "--remote-allow-origins=*", "--window-size=1280,720",
         "about:blank",
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        # its own temporary files in the profile too: killed, it leaves them behind
+        # (/tmp/org.chromium.Chromium.*, a few a suite run)
+        env={**os.environ, "TMPDIR": profile},
     )
     try:
         ws_url = None
