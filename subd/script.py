@@ -36,8 +36,15 @@ CLOSING = frozenset("，。？！：；、）》」』】〕〉”’…·ー々
 OPENING = frozenset("（《「『【〔〈“‘([{")
 
 
+# no code point below this is drawn wide (unicodedata: U+0378, unassigned; U+1100 Hangul Jamo is
+# the first assigned one)
+WIDE_FROM = "\u0378"
+
+
 def is_wide(ch: str) -> bool:
     """A character drawn two columns wide: CJK ideographs, kana, hangul, full-width forms."""
+    if ch < WIDE_FROM:  # Latin letters and marks: without a table lookup
+        return False
     return unicodedata.east_asian_width(ch) in ("W", "F")
 
 
@@ -50,7 +57,7 @@ def is_cjk(ch: str) -> bool:
 
 
 def has_cjk(text: str) -> bool:
-    return any(is_cjk(ch) for ch in text)
+    return not text.isascii() and any(is_cjk(ch) for ch in text)
 
 
 def spaceless(language: str | None) -> bool:
@@ -59,6 +66,8 @@ def spaceless(language: str | None) -> bool:
 
 def columns(text: str) -> int:
     """Display width in half-width columns (``len`` for text without wide characters)."""
+    if text.isascii():
+        return len(text)
     return sum(2 if is_wide(ch) else 1 for ch in text)
 
 
@@ -82,6 +91,8 @@ def _is_mark(ch: str) -> bool:
 
 
 def join_words(texts: list[str] | tuple[str, ...]) -> str:
+    if all(t and t.isascii() for t in texts):  # no CJK: a space between words (``joiner``)
+        return " ".join(texts)
     out: list[str] = []
     for text in texts:
         if out:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import unicodedata
+
 import pytest
 
 from subd.errors import ConfigError
@@ -15,7 +17,9 @@ from subd.script import (
     columns,
     default_model,
     fullwidth_marks,
+    is_wide,
     join_words,
+    joiner,
 )
 
 
@@ -54,6 +58,28 @@ def test_prompt_text_spells_words_as_whisper_writes_them():
     assert prompt_text(["很", "难", "避免，", "用", "Debian", "系统"]) == "很难避免，用 Debian 系统"
     assert join_words(["你好，", "world", "用"]) == "你好，world 用"
     assert join_words(["避免,", "用"]) == "避免,用"
+
+
+def test_the_latin_fast_paths_agree_with_the_tables():
+    """is_wide skips unicodedata below WIDE_FROM, columns and join_words skip it for ASCII text
+    (the recogniser joins its committed words at every update): the same answers as the full
+    rules, for every code point and for words of both kinds."""
+    assert all(is_wide(chr(c)) == (unicodedata.east_asian_width(chr(c)) in ("W", "F"))
+               for c in range(0x110000) if not 0xD800 <= c < 0xE000)
+
+    def folded(texts):  # join_words as joiner defines it, word by word
+        out: list[str] = []
+        for t in texts:
+            if out:
+                out.append(joiner(out[-1], t))
+            out.append(t)
+        return "".join(out)
+
+    for texts in (["Mr.", "John", "Dashwood,"], ["10", "of", "clubs."], ["x"], ["用", "Debian"],
+                  ["café", "au", "lait"], ["a", "'s", "-"], ["to", "be", "to"]):
+        assert join_words(texts) == folded(texts)
+        assert columns(" ".join(texts)) == sum(2 if is_wide(ch) else 1 for ch in " ".join(texts))
+    assert join_words(["Mr.", "John"]) == "Mr. John"
 
 
 def test_fullwidth_marks_and_widths():
