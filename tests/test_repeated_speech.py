@@ -102,12 +102,17 @@ def test_words_said_again_reach_the_captions_at_every_deadline(latency_ms, tmp_p
 # alignment squeezes Whisper's looped copies the same way). Not kept.
 # 2026-12-07: seed 304 keeps every copy since (four copies here and in CI); seeds 224 ("we will
 # go back") and 1 (a copy lost) do not, seeds 2, 223 and 307 do: still under some timings.
+# Seed 224 since (2026-12-07, 23:20): two decodes forced with the whole stream's committed text
+# ("... we will not go back, we will") read nothing, the stall moved the window to 200 ms before
+# the commit point, inside the committed "will", and the decode from there read "go back"
+# without "not". After a stall the window now starts at the start of the committed word it would
+# cut (StreamingRecognizer._word_start_at): "will not go back". Seed 1 loses its last copy either
+# way (after the stall Whisper skips it: "thank" at probability 0.00 over it).
 _STILL_LOST = pytest.mark.xfail(strict=False, reason="a copy squeezed by the alignment is cut "
                                 "as a loop under some update timings")
 
 
-@pytest.mark.parametrize("seed", [304, pytest.param(224, marks=_STILL_LOST),
-                                  pytest.param(1, marks=_STILL_LOST)])
+@pytest.mark.parametrize("seed", [304, 224, pytest.param(1, marks=_STILL_LOST)])
 def test_every_copy_survives_update_costs_that_vary(clip, seed, monkeypatch):
     import random
 

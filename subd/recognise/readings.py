@@ -11,7 +11,7 @@ from dataclasses import replace
 from subd.models.alignment import WordTiming
 from subd.recognise.commit import NS_PER_MS, VOTE_SLACK_MS, norm_word
 from subd.script import CLOSING, has_cjk
-from subd.types import Word
+from subd.types import Word, ns_to_samples, samples_to_ns
 
 STACKED_END_MS = 60  # see stacked_tail_cut
 STACKED_MS = 10
@@ -241,3 +241,16 @@ def _instant(word: Word, at_ns: int) -> bool:
     """A word of no duration at ``at_ns``."""
     return word.end_ns - word.start_ns < STACKED_MS * NS_PER_MS and \
         abs(word.end_ns - at_ns) < STACKED_MS * NS_PER_MS
+
+
+def word_start_at(committed: Sequence[Word], sample: int) -> int:
+    """The first sample of the committed word that ``sample`` falls inside, or ``sample`` where
+    it falls between words: a window starting there hears that word whole (a decode from
+    inside the committed "will" of "we will not go back" read "go back", without "not")."""
+    at_ns = samples_to_ns(sample)
+    for w in reversed(committed):
+        if w.end_ns <= at_ns:
+            break
+        if w.start_ns <= at_ns:
+            return min(sample, ns_to_samples(w.start_ns))
+    return sample

@@ -47,6 +47,7 @@ from subd.recognise.readings import (
     hypothesis_words,
     restated_tail_dropped,
     stacked_tail_cut,
+    word_start_at,
 )
 from subd.recognise.vad import VoiceActivityDetector
 from subd.types import (
@@ -61,8 +62,7 @@ from subd.types import (
 
 PROMPT_WORDS = 60  # committed words given as context (≈ 80 tokens)
 LEAD_IN_SAMPLES = SAMPLE_RATE_HZ  # audio kept before the commit point when the window moves
-STALL_SAMPLES = SAMPLE_RATE_HZ  # speech heard out this long must be in a decode's words
-STALL_LEAD_IN_SAMPLES = SAMPLE_RATE_HZ // 5  # kept before the commit point after a stall
+STALL_SAMPLES, STALL_LEAD_IN_SAMPLES = SAMPLE_RATE_HZ, SAMPLE_RATE_HZ // 5  # _trim's stall
 FINISH_ROUNDS = 2  # decodes after a stream's last one that may read on (finish) ...
 FINISH_MIN_PROBABILITY = 0.3  # ... kept where Whisper's mean probability of its words is this
 SURE_GUESS = 0.5  # a due guess at a window's edge this sure is committed (_take_due)
@@ -210,9 +210,7 @@ class StreamingRecognizer:
                     if not more or np.mean([w.probability for w in more]) < FINISH_MIN_PROBABILITY:
                         break
                     newly += self._take(more)
-        # words of the last hypothesis after the final decode's (a word it left out), heard out
-        # and read surely (not "That", 0.14-0.19, on a stream's last 0.4 s), and no copies of
-        # the words the final decode ended on (restated_tail_dropped)
+        # the last hypothesis's words after the final decode's: heard out, sure, not its end again
         left = restated_tail_dropped(
             [w for w in st.previous if w.start_ns >= st.committed_end_ns
              and w.probability >= FINISH_MIN_PROBABILITY], st.committed)
@@ -366,9 +364,11 @@ class StreamingRecognizer:
             self._has_speech(after, end - STALL_SAMPLES)
         lead_in, keep_ms = (STALL_LEAD_IN_SAMPLES, 0) if st.stalled else (LEAD_IN_SAMPLES, keep_ms)
         if commit_sample - st.window_start >= keep_ms * SAMPLE_RATE_HZ // 1000:
-            # keep a second before the commit point: a cut exactly at a word boundary (±100 ms
-            # from DTW) clips the next word's onset; the repeated words are dropped again
-            at = max(st.window_start, min(commit_sample, end) - lead_in)
+            # a second before the commit point (a cut at a word boundary, ±100 ms, clips the next
+            # onset; re-read words are dropped); after a stall not inside a word: forced whole
+            at = min(commit_sample, end) - lead_in
+            whole = st.stalled and p.force_committed_prefix  # not CJK: zh-dev 35 -> 39 wrong
+            at = max(st.window_start, word_start_at(st.committed, at) if whole else at)
             st.window_start = at if p.force_committed_prefix or self.vad is None or st.stalled \
                 else settle.utterance_start(self.vad, self.audio, st.window_start, at)
         if pause_commit and self.vad is not None and st.previous:
