@@ -739,6 +739,23 @@ def _w(text, a, b):
     return Word(text, int(a * 1000) * MS, int(b * 1000) * MS)
 
 
+def test_a_stalled_window_starts_at_the_committed_word_it_would_cut():
+    """After a stall the window moves to 200 ms before the commit point; inside the committed
+    "will" (9.52-9.78 s) the decode from there read "go back" without "not". It starts at
+    that word's start instead; between words, or before the committed ones, where it was."""
+    from subd.recognise.readings import word_start_at
+
+    def sample(ms):
+        return ms * SAMPLE_RATE_HZ // 1000
+
+    committed = [_w("we", 9.3, 9.52), _w("will", 9.52, 9.78)]
+    assert word_start_at(committed, sample(9_580)) == sample(9_520)
+    between = [_w("we", 9.3, 9.5), _w("will", 9.6, 9.78)]
+    assert word_start_at(between, sample(9_550)) == sample(9_550)
+    assert word_start_at(committed, sample(9_000)) == sample(9_000)
+    assert word_start_at([], sample(9_580)) == sample(9_580)
+
+
 def test_a_phrase_said_again_is_kept_and_one_restated_is_not():
     """The committed tail again at the start of a hypothesis decoded after the committed words
     (a forced prefix): the speaker saying it again (a chant: on fresh audio as long as the
