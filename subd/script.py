@@ -93,6 +93,12 @@ def _is_mark(ch: str) -> bool:
 def join_words(texts: list[str] | tuple[str, ...]) -> str:
     if all(t and t.isascii() for t in texts):  # no CJK: a space between words (``joiner``)
         return " ".join(texts)
+    return joined(texts)
+
+
+def joined(texts: list[str] | tuple[str, ...]) -> str:
+    """``texts`` with ``joiner``'s choice between each two (``join_words`` without its ASCII
+    shortcut)."""
     out: list[str] = []
     for text in texts:
         if out:

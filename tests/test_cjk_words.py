@@ -19,7 +19,7 @@ from subd.script import (
     fullwidth_marks,
     is_wide,
     join_words,
-    joiner,
+    joined,
 )
 
 
@@ -67,17 +67,9 @@ def test_the_latin_fast_paths_agree_with_the_tables():
     assert all(is_wide(chr(c)) == (unicodedata.east_asian_width(chr(c)) in ("W", "F"))
                for c in range(0x110000) if not 0xD800 <= c < 0xE000)
 
-    def folded(texts):  # join_words as joiner defines it, word by word
-        out: list[str] = []
-        for t in texts:
-            if out:
-                out.append(joiner(out[-1], t))
-            out.append(t)
-        return "".join(out)
-
     for texts in (["Mr.", "John", "Dashwood,"], ["10", "of", "clubs."], ["x"], ["用", "Debian"],
                   ["café", "au", "lait"], ["a", "'s", "-"], ["to", "be", "to"]):
-        assert join_words(texts) == folded(texts)
+        assert join_words(texts) == joined(texts)
         assert columns(" ".join(texts)) == sum(2 if is_wide(ch) else 1 for ch in " ".join(texts))
     assert join_words(["Mr.", "John"]) == "Mr. John"
 

@@ -106,7 +106,7 @@ def test_words_said_again_reach_the_captions_at_every_deadline(latency_ms, tmp_p
 # ("... we will not go back, we will") read nothing, the stall moved the window to 200 ms before
 # the commit point, inside the committed "will", and the decode from there read "go back"
 # without "not". After a stall the window now starts at the start of the committed word it would
-# cut (StreamingRecognizer._word_start_at): "will not go back". Seed 1 loses its last copy either
+# cut (subd.recognise.readings.word_start_at): "will not go back". Seed 1 loses its last copy either
 # way (after the stall Whisper skips it: "thank" at probability 0.00 over it).
 _STILL_LOST = pytest.mark.xfail(strict=False, reason="a copy squeezed by the alignment is cut "
                                 "as a loop under some update timings")
