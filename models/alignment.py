@@ -13,6 +13,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 import torch
 
+from subd.models.dtw import dtw_path
 from subd.models.tokenizer import WhisperTokenizer
 from subd.models.whisper import KVCache, TextDecoder
 from subd.models.words import Splitter
@@ -32,11 +33,6 @@ class WordTiming:
     # (p('.'), p(',')) where the decode chose what follows the word's letters (its mark, or
     # none); None: not known (the step was forced, or the decode did not say)
     mark_p: tuple[float, float] | None = None
-
-
-def dtw_path(cost: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Cheapest monotonic path through ``cost`` [N, M] (:func:`dtw_paths` of one matrix)."""
-    return dtw_paths([cost])[0]
 
 
 def _median_filter(x: torch.Tensor, width: int) -> torch.Tensor:
@@ -223,84 +219,6 @@ def within_segments(words: list[WordTiming], tokens: tuple[int, ...] | list[int]
             w = replace(w, start_s=start, end_s=end)
         out.append(w)
         prev_end = w.end_s
-    return out
-
-
-def dtw_paths(costs: list[np.ndarray]) -> list[tuple[np.ndarray, np.ndarray]]:
-    """The cheapest monotonic path (diagonal, down or right steps) through each cost matrix
-    [N, M]; ties go to the diagonal, then down, then right, as Whisper's DTW breaks them.
-
-    One sweep over the rows for all matrices at once (padded to the largest; a padded cell
-    is never on a path). A row's cells depend on each other only through right steps, and a
-    run of right steps from column k to j costs the row's costs k+1..j: so with C the row's
-    running sum and e[j] the cheaper of entering cell j from the row above (diagonal or down),
-    acc[j] = C[j] + min over k <= j of (e[k] - C[k - 1]), a running minimum. N vectorised steps
-    instead of the N + M anti-diagonals of the cell-by-cell recurrence (30 x 1500: ~35 -> ~1 ms);
-    the sums differ from the recurrence's by rounding only."""
-    if not costs:
-        return []
-    b = len(costs)
-    n = max(c.shape[0] for c in costs)
-    m = max(c.shape[1] for c in costs)
-    # the matrices along the last axis: the running sums and minima run down axis 1 with
-    # every matrix's column in one contiguous row (along a last axis they are ~20x slower)
-    cost = np.zeros((n, m, b))
-    for k, c in enumerate(costs):
-        cost[: c.shape[0], : c.shape[1], k] = c
-    run = np.cumsum(cost, axis=1)  # every row's running sum C
-    prev = np.full((m + 1, b), np.inf)  # acc of the row above; row 0: only (0, 0) reachable
-    prev[0] = 0.0
-    trace = np.zeros((n + 1, m + 1, b), dtype=np.int8)  # 0 diagonal, 1 down, 2 right
-    for i in range(1, n + 1):
-        diag, up = prev[:-1], prev[1:]
-        is_up = up < diag
-        enter = np.where(is_up, up, diag)  # e[j], columns 1..m
-        v = enter - (run[i - 1] - cost[i - 1])  # e[j] - C[j - 1]
-        best = np.minimum.accumulate(v, axis=0)
-        right = np.zeros((m, b), dtype=bool)
-        np.less(best[:-1], v[1:], out=right[1:])  # the run from the left is strictly cheaper
-        trace[i, 1:] = np.where(right, 2, is_up)
-        prev = np.empty((m + 1, b))
-        prev[0] = np.inf
-        np.add(run[i - 1], best, out=prev[1:])
-    return _trace_backs(trace, [c.shape for c in costs])
-
-
-def _trace_backs(trace: np.ndarray, shapes: list[tuple[int, int]]
-                 ) -> list[tuple[np.ndarray, np.ndarray]]:
-    """Each matrix's path from (N, M) back to (0, 0), as (rows, columns) of its cells in path
-    order (a cell (i, j) of ``trace`` [N + 1, M + 1, b] is cost cell (i - 1, j - 1)).
-
-    Every diagonal or down step leaves a row, so all paths walk up their rows together, one
-    row a step: in a row, a run of right steps ends at the last column at or before the
-    current one whose step is not right (``entry``), found for all rows at once by a running
-    maximum. Column 0 is left downwards; a path in row 0 walks left to (0, 0)."""
-    _, width, b = trace.shape
-    col = np.arange(width)[None, :, None]
-    entry = np.maximum.accumulate(np.where(trace != 2, col, 0), axis=1)
-    ns = np.array([s[0] for s in shapes])
-    j = np.array([s[1] for s in shapes])
-    first = np.zeros((b, trace.shape[0]), dtype=np.int64)  # each row's first column on path
-    last = np.zeros_like(first)  # and its last
-    every = np.arange(b)
-    for step in range(int(ns.max(initial=0))):
-        i = ns - step
-        on = i > 0
-        k, ii = every[on], i[on]
-        jj = j[on]
-        at = entry[ii, jj, k]
-        first[k, ii], last[k, ii] = at, jj
-        diag = trace[ii, at, k] == 0
-        j[on] = np.where(at == 0, 0, np.where(diag, at - 1, at))
-    out = []
-    for q, (n, _) in enumerate(shapes):
-        lo, hi = first[q, 1 : n + 1], last[q, 1 : n + 1]
-        counts = hi - lo + 1
-        start = np.cumsum(counts) - counts
-        rows = np.concatenate([np.full(j[q], -1), np.repeat(np.arange(n), counts)])
-        cols = np.concatenate([np.arange(j[q]), np.arange(counts.sum()) - np.repeat(start, counts)
-                               + np.repeat(lo, counts) - 1])
-        out.append((rows, cols))
     return out
 
 

@@ -12,8 +12,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from subd.models.alignment import alignment_matrices, dtw_paths, words_from_path
-from subd.models.batched import read_back
+from subd.models.alignment import alignment_matrices, words_from_path
+from subd.models.batched import read_back, to_host
+from subd.models.dtw import dtw_paths, dtw_paths_on_device
 from subd.models.words import word_splitter
 
 ALIGN_ROWS = 16  # rows per alignment pass: its logits are [rows, tokens, vocabulary] floats
@@ -83,7 +84,7 @@ def align_rows(windows: Any, feats: torch.Tensor, rows: list[int], jobs: list[An
                marks_after: list[list] | None = None) -> dict[int, list]:
     """``align_words`` for many rows of a ``WindowEngine`` batch (``jobs``: its
     ``WindowJob`` list): :func:`alignment_pass` on the device, one read back of each kind,
-    and one DTW sweep for all (models.alignment.dtw_paths); the same timings as row by row.
+    and one DTW sweep for all (models.dtw); the same timings as row by row.
     ``marks_after``: each row's ``DecodeResult.marks_after_text``, as ``align_words`` takes."""
     tok = windows.tokenizer
     todo = [k for k in range(len(rows)) if texts[k]]
@@ -98,7 +99,9 @@ def align_rows(windows: Any, feats: torch.Tensor, rows: list[int], jobs: list[An
         for i, first, n in spans:
             probs[todo[i]][first:] = got[at : at + n]
             at += n
-    paths = dtw_paths(read_back(dev_c))
+    # on a GPU the matrices stay there and only the DTW's steps come back
+    paths = dtw_paths_on_device(dev_c, to_host) if windows.batched.cuda \
+        else dtw_paths(read_back(dev_c))
     language = getattr(windows.single, "language", "en")
     for k, (text_idx, time_idx) in zip(todo, paths, strict=True):
         split = word_splitter(tok, jobs[k].language or language)

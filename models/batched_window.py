@@ -14,7 +14,7 @@ stream the :class:`~subd.models.engine.WindowResult` the single-stream engine wo
   chunk, one chunk late;
 * the temperature fallback and the retry without the prefix re-decode only the rows concerned;
 * word timings from the alignment heads: one decoder pass for a chunk of rows, the attention
-  matrices on the device, one DTW sweep for all rows (models.alignment.dtw_paths), then the
+  matrices on the device, one DTW sweep for all rows (models.dtw; on CUDA on the device), then the
   single-stream code's word grouping (script-aware), duration and segment-end rules.
 
 Greedy results equal the single-stream engine's row by row in float32 (tests/test_batched_

@@ -122,7 +122,7 @@ def test_a_failing_channel_does_not_stall_or_change_the_others(engine, windows, 
 
 
 def test_one_dtw_sweep_gives_each_matrix_its_own_path():
-    from subd.models.alignment import dtw_path, dtw_paths
+    from subd.models.dtw import dtw_path, dtw_paths
 
     rng = np.random.default_rng(3)
     costs = [rng.standard_normal((n, m)) for n, m in ((5, 40), (12, 9), (1, 1), (30, 300))]
@@ -130,6 +130,25 @@ def test_one_dtw_sweep_gives_each_matrix_its_own_path():
     for (rows, cols), cost in zip(dtw_paths(costs), costs, strict=True):
         want_rows, want_cols = dtw_path(cost)
         assert rows.tolist() == want_rows.tolist() and cols.tolist() == want_cols.tolist()
+
+
+def test_the_device_sweep_walks_the_numpy_sweeps_paths(monkeypatch):
+    """dtw_paths_on_device (a GPU round's DTW, run here on the CPU's torch) gives the numpy
+    sweep's paths, also where the matrices are cut into groups of DEVICE_CELLS cells."""
+    import torch
+
+    from subd.models import dtw
+
+    rng = np.random.default_rng(7)
+    costs = [rng.standard_normal((n, m)) for n, m in
+             ((5, 40), (12, 9), (1, 1), (30, 300), (45, 350), (9, 1), (1, 9))]
+    costs.append(np.zeros((6, 6)))  # all ties
+    want = dtw.dtw_paths(costs)
+    for cells in (dtw.DEVICE_CELLS, 400):  # one group; then a group a matrix or two
+        monkeypatch.setattr(dtw, "DEVICE_CELLS", cells)
+        got = dtw.dtw_paths_on_device([torch.from_numpy(c) for c in costs])
+        assert [(r.tolist(), c.tolist()) for r, c in got] == \
+            [(r.tolist(), c.tolist()) for r, c in want]
 
 
 def test_batched_alignment_matrices_equal_each_rows_own():
@@ -152,7 +171,7 @@ def test_batched_alignment_matrices_equal_each_rows_own():
 def test_dtw_rows_give_the_cell_by_cell_recurrences_path():
     """dtw_path sweeps rows with running sums and minima; the textbook recurrence (each cell
     from its diagonal, upper and left neighbour, ties in that order) walks the same path."""
-    from subd.models.alignment import dtw_path
+    from subd.models.dtw import dtw_path
 
     def reference(cost):
         n, m = cost.shape

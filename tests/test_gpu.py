@@ -149,3 +149,19 @@ def test_continuous_batching_with_graphs_gives_cpu_transcripts(engine, clips):
             ref = engine.decode_with_fallback(engine.encode(engine.features(clip)), None)
             assert got[i].text_tokens(ts) == ref.text_tokens(ts)
     assert gpu.n_graph_replays > 0
+
+
+def test_dtw_swept_on_the_gpu_walks_the_cpu_paths(monkeypatch):
+    """A GPU round's DTW runs where its matrices are (models.dtw.dtw_paths_on_device); only
+    the steps come back. Its paths are the numpy sweep's, in one group and in several."""
+    from subd.models import dtw
+    from subd.models.batched import to_host
+
+    rng = np.random.default_rng(17)
+    shapes = [(int(rng.integers(1, 60)), int(rng.integers(1, 800))) for _ in range(44)]
+    costs = [rng.standard_normal(s) for s in shapes] + [np.zeros((6, 6))]
+    want = [(r.tolist(), c.tolist()) for r, c in dtw.dtw_paths(costs)]
+    for cells in (dtw.DEVICE_CELLS, 20_000):
+        monkeypatch.setattr(dtw, "DEVICE_CELLS", cells)
+        got = dtw.dtw_paths_on_device([torch.from_numpy(c).cuda() for c in costs], to_host)
+        assert [(r.tolist(), c.tolist()) for r, c in got] == want
