@@ -40,7 +40,8 @@ def alignment_pass(windows: Any, feats: torch.Tensor, rows: list[int],
     (padded with end-of-text after each row's own), the matrices DTW walks and the
     probabilities of the text tokens after each row's ``known`` prefix. Returns, per chunk,
     ``([(k, first, count)], probabilities)`` where a chunk has tokens to score, and each row's
-    DTW cost matrix in row order, all still on the device."""
+    alignment matrix in row order (the DTW's costs are their negation), all still on the
+    device."""
     sp = windows.tokenizer.special
     heads = windows.single.loaded.alignment_heads
     decoder = windows.batched.model.decoder
@@ -74,7 +75,7 @@ def alignment_pass(windows: Any, feats: torch.Tensor, rows: list[int],
             qk = qk.cpu()
         n_frames = [max(1, min(frames[k] // 2, sub.shape[1])) for k in part]
         mats = alignment_matrices(qk, n_frames, [len(q) for q in seqs], n_sots)
-        dev_c += [-m.double() for m in mats]
+        dev_c += mats
     return dev_p, dev_c
 
 
@@ -100,8 +101,8 @@ def align_rows(windows: Any, feats: torch.Tensor, rows: list[int], jobs: list[An
             probs[todo[i]][first:] = got[at : at + n]
             at += n
     # on a GPU the matrices stay there and only the DTW's steps come back
-    paths = dtw_paths_on_device(dev_c, to_host) if windows.batched.cuda \
-        else dtw_paths(read_back(dev_c))
+    paths = dtw_paths_on_device(dev_c, to_host, negate=True) if windows.batched.cuda \
+        else dtw_paths(read_back([-m.double() for m in dev_c]))
     language = getattr(windows.single, "language", "en")
     for k, (text_idx, time_idx) in zip(todo, paths, strict=True):
         split = word_splitter(tok, jobs[k].language or language)

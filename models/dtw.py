@@ -73,12 +73,13 @@ def dtw_paths(costs: list[np.ndarray]) -> list[tuple[np.ndarray, np.ndarray]]:
 
 
 @torch.inference_mode()
-def dtw_paths_on_device(costs: list[torch.Tensor], read: Reader | None = None
-                        ) -> list[tuple[np.ndarray, np.ndarray]]:
-    """:func:`dtw_paths` of float64 matrices on one device, swept there in groups of at most
+def dtw_paths_on_device(costs: list[torch.Tensor], read: Reader | None = None,
+                        negate: bool = False) -> list[tuple[np.ndarray, np.ndarray]]:
+    """:func:`dtw_paths` of matrices on one device, swept there in float64, in groups of at most
     ``DEVICE_CELLS`` padded cells; the steps and their run entries come back in one ``read`` a
-    group (default: ``.cpu()``; the batched engine's ``to_host`` waits asleep). The same paths
-    as :func:`dtw_paths` up to the rounding of the running sums."""
+    group (default: ``.cpu()``; the batched engine's ``to_host`` waits asleep). ``negate``: the
+    costs are the matrices' negation (alignment weights, which the path maximises). The same
+    paths as :func:`dtw_paths` up to the rounding of the running sums."""
     read = read or (lambda tensors: [t.cpu() for t in tensors])
     out: list[tuple[np.ndarray, np.ndarray]] = []
     group: list[torch.Tensor] = []
@@ -86,14 +87,16 @@ def dtw_paths_on_device(costs: list[torch.Tensor], read: Reader | None = None
         grown = group + [c]
         cells = len(grown) * max(x.shape[0] for x in grown) * max(x.shape[1] for x in grown)
         if group and cells > DEVICE_CELLS:
-            out += _device_group(group, read)
+            out += _device_group(group, read, negate)
             grown = [c]
         group = grown
-    return out + (_device_group(group, read) if group else [])
+    return out + (_device_group(group, read, negate) if group else [])
 
 
-def _device_group(costs: list[torch.Tensor], read: Reader
+def _device_group(costs: list[torch.Tensor], read: Reader, negate: bool
                   ) -> list[tuple[np.ndarray, np.ndarray]]:
+    """One group's sweep; a kernel launch is the cost here (some 8 us of host time each, the
+    GPU's share a few us), so each matrix is one copy and each row six launches."""
     b, dev = len(costs), costs[0].device
     n = max(c.shape[0] for c in costs)
     m = max(c.shape[1] for c in costs)
@@ -101,25 +104,27 @@ def _device_group(costs: list[torch.Tensor], read: Reader
     cost = torch.zeros((n, b, m), dtype=torch.float64, device=dev)
     for k, c in enumerate(costs):
         cost[: c.shape[0], k, : c.shape[1]] = c
+    if negate:
+        cost.neg_()
     run = torch.cumsum(cost, dim=2)
     before = cost.neg_().add_(run)  # C[j - 1], in the costs' place
     inf = float("inf")
     prev = torch.full((b, m + 1), inf, dtype=torch.float64, device=dev)
     prev[:, 0] = 0.0
     spare = [torch.full((b, m + 1), inf, dtype=torch.float64, device=dev) for _ in range(2)]
-    trace = torch.zeros((n + 1, b, m + 1), dtype=torch.int8, device=dev)
-    right = torch.zeros((b, m), dtype=torch.bool, device=dev)
+    down = torch.zeros((n + 1, b, m + 1), dtype=torch.bool, device=dev)  # the steps, as flags
+    right = torch.zeros((n + 1, b, m + 1), dtype=torch.bool, device=dev)
     for i in range(1, n + 1):
         diag, up = prev[:, :-1], prev[:, 1:]
-        is_up = up < diag
-        v = torch.where(is_up, up, diag).sub_(before[i - 1])
+        torch.lt(up, diag, out=down[i, :, 1:])
+        v = torch.minimum(up, diag).sub_(before[i - 1])  # entered from above: e[j] - C[j - 1]
         best = torch.cummin(v, dim=1).values
-        torch.lt(best[:, :-1], v[:, 1:], out=right[:, 1:])
-        trace[i, :, 1:] = torch.where(right, RIGHT, is_up.to(torch.int8))
+        torch.lt(best[:, :-1], v[:, 1:], out=right[i, :, 2:])
         prev = spare[i % 2]  # column 0 stays infinite below row 0
         torch.add(run[i - 1], best, out=prev[:, 1:])
+    trace = torch.where(right, RIGHT, down.to(torch.int8))
     col = torch.arange(m + 1, dtype=torch.int16, device=dev)
-    entry = torch.cummax(torch.where(trace != RIGHT, col, 0), dim=2).values
+    entry = torch.cummax(torch.where(right, 0, col), dim=2).values
     # the walk's layout, [N + 1, M + 1, b]
     host_trace, host_entry = read([trace.transpose(1, 2).contiguous(),
                                    entry.transpose(1, 2).contiguous()])

@@ -149,6 +149,12 @@ def test_the_device_sweep_walks_the_numpy_sweeps_paths(monkeypatch):
         got = dtw.dtw_paths_on_device([torch.from_numpy(c) for c in costs])
         assert [(r.tolist(), c.tolist()) for r, c in got] == \
             [(r.tolist(), c.tolist()) for r, c in want]
+        # as the batched engine gives them: float32 alignment weights, the costs' negation
+        weights = [torch.from_numpy(-c.astype(np.float32)) for c in costs]
+        want32 = dtw.dtw_paths([-w.double().numpy() for w in weights])
+        got = dtw.dtw_paths_on_device(weights, negate=True)
+        assert [(r.tolist(), c.tolist()) for r, c in got] == \
+            [(r.tolist(), c.tolist()) for r, c in want32]
 
 
 def test_batched_alignment_matrices_equal_each_rows_own():

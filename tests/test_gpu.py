@@ -165,3 +165,8 @@ def test_dtw_swept_on_the_gpu_walks_the_cpu_paths(monkeypatch):
         monkeypatch.setattr(dtw, "DEVICE_CELLS", cells)
         got = dtw.dtw_paths_on_device([torch.from_numpy(c).cuda() for c in costs], to_host)
         assert [(r.tolist(), c.tolist()) for r, c in got] == want
+        weights = [torch.from_numpy(-c.astype(np.float32)) for c in costs]
+        want32 = [(r.tolist(), c.tolist())
+                  for r, c in dtw.dtw_paths([-w.double().numpy() for w in weights])]
+        got = dtw.dtw_paths_on_device([w.cuda() for w in weights], to_host, negate=True)
+        assert [(r.tolist(), c.tolist()) for r, c in got] == want32
