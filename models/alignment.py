@@ -151,15 +151,18 @@ def words_from_path(tokenizer: WhisperTokenizer, text_tokens: list[int], known: 
     words, word_tokens = (split or tokenizer.split_to_words)(text_tokens + [sp.eot])
     if len(word_tokens) <= 1:
         return []
-    boundaries = np.pad(np.cumsum([len(t) for t in word_tokens[:-1]]), (1, 0))
-    jumps = np.pad(np.diff(text_idx), (1, 0), constant_values=1).astype(bool)
+    boundaries = np.zeros(len(word_tokens), dtype=np.int64)
+    np.cumsum([len(t) for t in word_tokens[:-1]], out=boundaries[1:])
+    jumps = np.ones(len(text_idx), dtype=bool)  # where the path enters a new token
+    np.not_equal(text_idx[1:], text_idx[:-1], out=jumps[1:])
+    probs = token_probs.tolist()
     jump_times = time_idx[jumps] * FRAMES_PER_TOKEN_S
     starts = jump_times[boundaries[:-1]]
     ends = jump_times[boundaries[1:]]
     out: list[WordTiming] = []
     for k, (word, toks) in enumerate(zip(words[:-1], word_tokens[:-1], strict=True)):
         lo, hi = boundaries[k], boundaries[k + 1]
-        new = token_probs[max(lo, known) : hi]  # a word may straddle the prefix's end
+        new = probs[max(lo, known) : hi]  # a word may straddle the prefix's end
         letters_end = hi - 1  # the word's last token before its closing marks
         while letters_end > lo and text_tokens[letters_end] in tokenizer.closing_ids:
             letters_end -= 1
@@ -169,7 +172,7 @@ def words_from_path(tokenizer: WhisperTokenizer, text_tokens: list[int], known: 
                 tokens=tuple(toks),
                 start_s=float(starts[k]),
                 end_s=float(ends[k]),
-                probability=float(np.mean(new)) if new.size else float("nan"),
+                probability=_mean(new),
                 mark_p=marks_after[letters_end] if marks_after else None,
             )
         )
@@ -222,6 +225,18 @@ def within_segments(words: list[WordTiming], tokens: tuple[int, ...] | list[int]
     return out
 
 
+def _mean(values: list[float]) -> float:
+    """``float(np.mean(values))`` (nan for none), bit for bit: numpy adds fewer than 8 values
+    one after another, as this loop does, and a word seldom has more tokens. A row's words
+    are many, and numpy's call costs ~10 us each."""
+    if not values or len(values) >= 8:
+        return float(np.mean(values)) if values else float("nan")
+    total = 0.0
+    for v in values:
+        total += v
+    return total / len(values)
+
+
 def _tidy_durations(words: list[WordTiming]) -> list[WordTiming]:
     """Cap implausibly long words (the DTW path can stick at pauses) as Whisper does."""
     durations = np.array([w.end_s - w.start_s for w in words])
@@ -236,5 +251,6 @@ def _tidy_durations(words: list[WordTiming]) -> list[WordTiming]:
                 end = start + max_dur
             else:
                 start = max(start, end - max_dur)
-        out.append(replace(w, start_s=start, end_s=end))
+        out.append(w if (start, end) == (w.start_s, w.end_s)
+                   else replace(w, start_s=start, end_s=end))
     return out
