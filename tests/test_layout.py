@@ -241,3 +241,33 @@ def test_a_word_committed_cut_short_is_never_broken_from_its_rest() -> None:
     roll.push(tw([rest, *after]))
     assert [line.committed for line in roll.display()] == [
         "he might even have been made", "amiable himself and then some more"]
+
+
+def test_the_rest_of_a_word_whose_cue_closed_starts_the_next_cue_whole() -> None:
+    """A pause closed the cue ending in the head of a word committed cut short ("made am"),
+    then its rest arrived ("iable", ``Word.joined``): the closed cue cannot change, and the
+    next one read "iable himself". It shows the whole word: "amiable himself"."""
+    s = 320_000_000
+    head = [Word(t, i * s, i * s + s - 20_000_000)
+            for i, t in enumerate("he might even have been made am".split())]
+    n = len(head)
+    rest = Word("iable", n * s, n * s + s - 20_000_000, joined=True)
+    after = [Word("himself", (n + 1) * s, (n + 2) * s - 20_000_000)]
+
+    def tw(ws: list[Word]) -> list[TaggedWord]:
+        return [TaggedWord(w, w.text, "", "lower", 0.0, True) for w in ws]
+
+    config = LayoutConfig(max_chars_per_line=37, max_lines=2)
+    layout = CueLayout(config)
+    # the audio runs on past the flush time with nothing tentative: the cue closes
+    closed = layout.push(tw(head), head[-1].end_ns + (config.flush_after_ms + 10) * 1_000_000)
+    assert [c.lines for c in closed] == [("he might even have been made am",)]
+    cues = layout.push(tw([rest, *after]), after[-1].end_ns) + layout.finish()
+    assert [c.lines for c in cues] == [("amiable himself",)]
+    # a rest after a mark is no part of the word before it ("letter," + "press")
+    layout = CueLayout(config)
+    marked = [TaggedWord(w, w.text, "," if w is head[-1] else "", "lower", 0.0, True)
+              for w in head]
+    layout.push(marked, head[-1].end_ns + (config.flush_after_ms + 10) * 1_000_000)
+    cues = layout.push(tw([rest]), rest.end_ns) + layout.finish()
+    assert [c.lines for c in cues] == [("iable",)]

@@ -29,6 +29,7 @@ from subd.layout.rules import (
     line_len,
     line_text,
     split_long,
+    takes_rest,
     wrap,
 )
 from subd.script import fullwidth_marks, has_cjk, joiner, latin_spaced
@@ -162,6 +163,7 @@ class CueLayout:
         # of the daemon's own CPU with 4 channels (py-spy, 2026-12-03)
         self._open_cue: Cue | None = None
         self._open_cue_fresh = False
+        self._last_token: Token | None = None  # the last word of the last cue closed
 
     @property
     def stats(self) -> LayoutStats:
@@ -247,6 +249,11 @@ class CueLayout:
     def _add(self, tok: Token) -> list[Cue]:
         c = self.config
         if not self._open:
+            head = self._last_token
+            if tok.glue_before and head is not None and takes_rest(head.text, tok.text):
+                # the rest of a word whose head closed the last cue (a pause flushed it before
+                # the rest came): the new cue shows the whole word, not "iable himself"
+                tok = dataclasses.replace(tok, text=head.text + tok.text, glue_before=False)
             self._open = [tok]
             return []
         last = self._open[-1]
@@ -319,6 +326,7 @@ class CueLayout:
         if cps > self._stats.max_cps:
             self._stats = dataclasses.replace(self._stats, max_cps=cps)
         self._last_end_ns = end
+        self._last_token = tokens[-1]
         cue = Cue(index=self._next_index, start_ns=start, end_ns=end, lines=lines)
         self._next_index += 1
         return cue
