@@ -15,6 +15,12 @@
 #       `subd bench edge` on the machine's cores (no GPU used): 1 daemon, redis-server
 #       (.benchdata-redis), 2 edges, 2 x CLIENTS SSE clients (1000), half never reading;
 #       WORKERS a comma list of fan-out workers per server, one bench a value
+#   scripts/device-runs.sh ab CONFIG STREAMS ORDER...
+#       capacity trials (as `capacity CONFIG STREAMS 0`, 12 s each) alternated between this
+#       tree ("new") and the commit scripts/device-ab.sh unpacked into .ab ("old"), e.g.
+#       `ab cut23.toml 1024 old new new old`, with /proc/stat's steal read around each trial
+#       (carry [".benchdata", ".ab"]): these hosts drift within a call, so a change is judged
+#       on runs alternated, never on two runs one after the other
 #   scripts/device-runs.sh quality SETS
 #       `subd bench quality --pace real` at D = 2 s, the daemon's recogniser on CUDA
 #       (.benchdata/cuda.toml), each clip its own stream; SETS: dev, heldout or dev,heldout
@@ -24,9 +30,10 @@ case "${1:-}" in
   check) ;;
   capacity) [ $# -ge 4 ] || { echo "usage: $0 capacity CONFIG STREAMS NAIVE [SIZE [DECISIONS]]" >&2; exit 2; } ;;
   quality) [ $# -ge 2 ] || { echo "usage: $0 quality SETS" >&2; exit 2; } ;;
+  ab) [ $# -ge 4 ] && [ -d .ab ] || { echo "usage: $0 ab CONFIG STREAMS ORDER... (old, new; .ab from scripts/device-ab.sh)" >&2; exit 2; } ;;
   round) ;;
   edge) [ $# -ge 2 ] || { echo "usage: $0 edge WORKERS [CLIENTS]" >&2; exit 2; } ;;
-  *) echo "usage: $0 check | capacity CONFIG STREAMS NAIVE [SIZE [DECISIONS]] | round [ROWS] | edge WORKERS [CLIENTS] | quality SETS" >&2; exit 2 ;;
+  *) echo "usage: $0 check | capacity CONFIG STREAMS NAIVE [SIZE [DECISIONS]] | ab CONFIG STREAMS ORDER... | round [ROWS] | edge WORKERS [CLIENTS] | quality SETS" >&2; exit 2 ;;
 esac
 command -v nvidia-smi >/dev/null || { echo "$0: no NVIDIA GPU here (run it on the GPU machine)" >&2; exit 2; }
 cd "$(dirname "$0")/.."
@@ -65,6 +72,36 @@ case "${1:-}" in
     kill $apps $used 2>/dev/null
     awk -F', ' '{if ($2 > m[$1]) m[$1] = $2} END {n = 0; for (p in m) {n++; printf "%s%d", (n > 1 ? ", " : ""), m[p]}; if (n) printf " MiB: peak of each of %d processes on the GPU\n", n}' /tmp/apps.csv
     awk -F', ' '{if ($1 > m) m = $1; t = $2} END {if (t) printf "device memory used at peak: %d of %d MiB\n", m, t}' /tmp/used.csv
+    echo quit | nvidia-cuda-mps-control
+    ;;
+  ab)
+    # the other commit beside this tree's install (/tmp/site): its own modules first
+    if [ "$(cat /tmp/site_ab/.done 2>/dev/null)" != "$(cat .ab/.commit)" ]; then
+      rm -rf /tmp/site_ab
+      pip install -q --no-deps --no-build-isolation --target /tmp/site_ab .ab >/dev/null 2>&1 \
+        || { echo "$0: .ab does not install" >&2; exit 1; }
+      cat .ab/.commit > /tmp/site_ab/.done
+    fi
+    export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps_pipe CUDA_MPS_LOG_DIRECTORY=/tmp/mps_log
+    mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
+    nvidia-cuda-mps-control -d
+    steal() { awk '/^cpu /{printf "steal %d of busy %d jiffies", $9, $2+$3+$4+$7+$8}' /proc/stat; }
+    config=$2 streams=$3
+    shift 3
+    for v in "$@"; do
+      case $v in
+        old) path=/tmp/site_ab:/tmp/site; what="old ($(cat .ab/.commit))" ;;
+        new) path=/tmp/site; what="new (this tree)" ;;
+        *) echo "$0: ab: trials are old or new, not $v" >&2; continue ;;
+      esac
+      echo "=== $what $(date +%T), $(steal)"
+      (cd /tmp && PYTHONPATH=$path timeout 200 python -m subd.cli bench gpu --policy daemon \
+        --model "$R/.benchdata/tiny_en" --clips "$R/.benchdata/ps/librivox" --streams "$streams" \
+        --naive-streams 0 --duration-s 12 --ramp-s 3 --warm-s 5 --max-rows "${MAX_ROWS:-256}" \
+        --gpu-processes 8 --config "$R/.benchdata/$config" --plot "" 2>&1 \
+        | grep -E "^batched N|host CPU" | cut -c1-400)
+      echo "    after: $(steal)"
+    done
     echo quit | nvidia-cuda-mps-control
     ;;
   round)
