@@ -2,12 +2,10 @@
 
 Each section's fields carry their allowed range in metadata (:func:`rng`, :func:`choice`); a bad
 key or value raises :class:`ConfigError` naming the section, the key and what is allowed, so the
-daemon never starts on a bad file. Other modules add their own sections with
-``@register_section("sse")`` on their dataclass (validated by :func:`load_config` whenever the
-module was imported before loading), or with ``config.section("sse", SseConfig)`` at use time
-(the raw table is kept and validated with the same rules on first access, so sections unknown at
-load time never break the daemon's core).
-"""
+daemon never starts on a bad file. Other modules add sections with ``@register_section("sse")``
+(validated by :func:`load_config` if imported before loading) or ``config.section("sse",
+SseConfig)`` at use time (the raw table kept and validated on first access: sections unknown at
+load time never break the daemon's core)."""
 
 from __future__ import annotations
 
@@ -27,9 +25,9 @@ from subd.validate import build_section, check_prompt, choice, rng  # noqa: F401
 T = TypeVar("T")
 
 _SECTIONS: dict[str, type] = {}
-# Sections read at use time by modules that the configuration does not import (validated
-# there, before anything starts): [layout] by subd.service.build, [punct] by the daemon for the
-# tagger. Any other top-level table is an error: a misspelt [recogniser] must not go unseen.
+# Sections read at use time by modules the configuration does not import (validated there,
+# before anything starts): [layout] by subd.service.build, [punct] by the daemon for the tagger.
+# Any other top-level table is an error: a misspelt [recogniser] must not go unseen.
 _USE_TIME_SECTIONS = {"layout", "punct"}
 
 
@@ -127,6 +125,8 @@ class RecognizerConfig:
     # how many batched recogniser processes share the channels (subd.service.sharding): "auto"
     # = 1 on the CPU, on CUDA half the cores (at most 4); or N (1..64)
     gpu_processes: str | int = "auto"
+    # windows a batched process decodes at once: "auto" = what its GPU share allows (<= 256), or N
+    gpu_max_rows: str | int = "auto"
     # on the CPU (not batched): how many recogniser processes share the channels out, each
     # deciding one channel's update at a time (subd.service.sharding): "auto" = one per
     # channel up to the usable cores (at most 4), each with its share of the cores; or N
@@ -149,9 +149,8 @@ class RecognizerConfig:
         return 0 if self.update_cost_ms == "measured" else int(self.update_cost_ms)
 
     def on_gpu(self) -> bool:
-        """The daemon's recogniser is the batched one on CUDA (as subd.service.daemon decides:
-        a device other than the CPU where an NVIDIA driver is, not batched = "off", no custom
-        recogniser factory)."""
+        """The daemon's recogniser is the batched one on CUDA (as subd.service.daemon decides: not
+        the CPU, an NVIDIA driver present, batched not "off", no custom recogniser factory)."""
         return (not self.factory and self.batched != "off" and self.device != "cpu"
                 and nvidia_present())
 
@@ -173,6 +172,7 @@ class RecognizerConfig:
                               "the CPU; device cuda needs batched = \"auto\" or \"on\"")
         for key, word, lo, hi, unit in (
                 ("gpu_processes", "auto", 1, 64, "number of processes"),
+                ("gpu_max_rows", "auto", 1, 4096, "number of rows"),
                 ("cpu_processes", "auto", 1, 64, "number of processes"),
                 ("gpu_update_ms", "auto", 0, 10_000, "number of milliseconds"),
                 ("update_cost_ms", "measured", 20, 10_000, "number of milliseconds")):

@@ -56,6 +56,37 @@ def test_max_rows_caps_each_shards_batches_as_well_as_its_rows():
     assert [s.scheduler.max_rows for s in default.shards] == [BATCH_ROWS, BATCH_ROWS]
 
 
+@pytest.mark.parametrize("value", [0, 4097, "64", "all", True, 8.5])
+def test_a_bad_gpu_max_rows_is_a_one_line_error(value):
+    with pytest.raises(ConfigError, match=r"gpu_max_rows") as err:
+        config_from_dict({"recognizer": {"gpu_max_rows": value}})
+    assert "\n" not in str(err.value)
+
+
+def test_gpu_max_rows_caps_the_daemons_batched_processes_and_their_batches():
+    """``[recognizer] gpu_max_rows = N``: each batched process takes at most N rows and its
+    worker puts at most N requests in a batch, one process or several; "auto" leaves the rows
+    to the process's share of the GPU (rows_that_fit). Nothing is started here."""
+    from subd.service.batching import BATCH_ROWS
+    from subd.service.daemon import Daemon
+    from subd.service.sharding import batched_recogniser
+
+    def recognizer(**keys):
+        return config_from_dict({"recognizer": {"batched": "on", "device": "cpu", **keys}})
+
+    cfg = recognizer(gpu_processes=2, gpu_max_rows=48).recognizer
+    shards = batched_recogniser(cfg, cuda=False).shards
+    assert [s.scheduler.max_rows for s in shards] == [48, 48]
+    assert [s.worker._spec.kwargs["max_rows"] for s in shards] == [48, 48]
+    shards = batched_recogniser(recognizer(gpu_processes=2).recognizer, cuda=False).shards
+    assert [s.scheduler.max_rows for s in shards] == [BATCH_ROWS, BATCH_ROWS]
+    assert ["max_rows" not in s.worker._spec.kwargs for s in shards] == [True, True]
+    # one process: the daemon's own worker spec
+    one = Daemon(config=recognizer(gpu_max_rows=48))._recogniser_worker()
+    assert one._spec.kwargs["max_rows"] == 48
+    assert "max_rows" not in Daemon(config=recognizer())._recogniser_worker()._spec.kwargs
+
+
 def _host(history, model: str = "tiny.en"):
     from subd.service.build import recognizer_spec
     from subd.workers.hosts import FactorySpec

@@ -53,7 +53,7 @@ from subd.service.context import ChannelContext
 from subd.service.health import HealthMonitor
 from subd.service.metrics import Metrics
 from subd.service.notify import Notifier
-from subd.service.sharding import serial_recogniser, sharded_recogniser
+from subd.service.sharding import rows_cap, serial_recogniser, sharded_recogniser
 from subd.service.stages import UP, SharedWorker, StagePolicy
 from subd.service.supervisor import FAILED, RUNNING, ChannelSupervisor
 from subd.tasks import start_task
@@ -123,7 +123,8 @@ class Daemon:
         if self._batched():
             recognizer_spec(cfg.model)  # a clear error if the recogniser is not installed
             host = FactorySpec("subd.service.batching:BatchedMultiplexHost", {
-                "model": cfg.model, "device": cfg.device, "precision": cfg.precision})
+                "model": cfg.model, "device": cfg.device, "precision": cfg.precision,
+                **rows_cap(cfg)})
             if cfg.process:
                 return ProcessWorker("recognise", host)
             return InlineWorker("recognise", host.build(), self.clock)
@@ -144,7 +145,7 @@ class Daemon:
         # its own), or one process
         serial = not (self._batched() or self.recognizer is not None or cfg.recognizer.factory)
         # a batched one orders the channels' requests by their due times, on their clock
-        timed = {"clock": self.clock} if self._batched() else {}
+        timed = {"clock": self.clock, **rows_cap(cfg.recognizer)} if self._batched() else {}
         self.recogniser = sharded_recogniser(cfg.recognizer, self._batched(), policy=policy,
                                              on_state=self._on_stage, **timed) or \
             (serial and serial_recogniser(cfg.recognizer, len(cfg.channel_specs()),

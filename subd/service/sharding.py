@@ -157,6 +157,12 @@ def build_shards(make_worker, n_shards: int, shard: type = BatchingSharedWorker,
                               for k in range(n_shards)])
 
 
+def rows_cap(cfg: Any) -> dict[str, int]:
+    """``max_rows`` for a batched host and its worker from ``[recognizer] gpu_max_rows`` (none
+    for "auto": the host takes what its share of the GPU allows)."""
+    return {} if cfg.gpu_max_rows == "auto" else {"max_rows": int(cfg.gpu_max_rows)}
+
+
 def batched_recogniser(cfg: Any, *, cuda: bool, max_rows: int | None = None,
                        host_target: str = "subd.service.batching:BatchedMultiplexHost",
                        host_extra: dict | None = None, **kwargs: Any) -> ShardedRecogniser:
@@ -164,7 +170,8 @@ def batched_recogniser(cfg: Any, *, cuda: bool, max_rows: int | None = None,
     ``gpu_processes`` shards, each a process running ``host_target`` (``subd bench gpu``'s
     capacity mode names its own host, which adds a model of another size to each batch).
     ``kwargs`` go to each shard's :class:`BatchingSharedWorker` (policy, on_state);
-    ``max_rows`` sizes each host's rows and caps the requests its worker puts in one batch."""
+    ``max_rows`` (else ``gpu_max_rows``) sizes each host's rows and caps the requests its
+    worker puts in one batch."""
     from subd.workers.hosts import FactorySpec
     from subd.workers.process import ProcessWorker
 
@@ -172,6 +179,7 @@ def batched_recogniser(cfg: Any, *, cuda: bool, max_rows: int | None = None,
     host = {"model": cfg.model, "device": cfg.device, "precision": cfg.precision,
             "threads": torch_threads_per_shard(n) if n > 1 else 0, "share": 1 / n,
             **(host_extra or {})}
+    max_rows = rows_cap(cfg).get("max_rows") if max_rows is None else max_rows
     if max_rows is not None:
         host["max_rows"] = max_rows
         kwargs.setdefault("max_rows", max_rows)
