@@ -45,7 +45,7 @@ def alignment_pass(windows: Any, feats: torch.Tensor, rows: list[int],
     sp = windows.tokenizer.special
     heads = windows.single.loaded.alignment_heads
     decoder = windows.batched.model.decoder
-    dev_p, dev_c = [], []
+    dev_p, dev_w = [], []
     for lo in range(0, len(rows), ALIGN_ROWS):
         part = list(range(lo, min(lo + ALIGN_ROWS, len(rows))))
         seqs = [[*windows.sot(languages[k]), sp.no_timestamps, *texts[k], sp.eot] for k in part]
@@ -75,8 +75,8 @@ def alignment_pass(windows: Any, feats: torch.Tensor, rows: list[int],
             qk = qk.cpu()
         n_frames = [max(1, min(frames[k] // 2, sub.shape[1])) for k in part]
         mats = alignment_matrices(qk, n_frames, [len(q) for q in seqs], n_sots)
-        dev_c += mats
-    return dev_p, dev_c
+        dev_w += mats
+    return dev_p, dev_w
 
 
 @torch.inference_mode()
@@ -90,7 +90,7 @@ def align_rows(windows: Any, feats: torch.Tensor, rows: list[int], jobs: list[An
     tok = windows.tokenizer
     todo = [k for k in range(len(rows)) if texts[k]]
     out: dict[int, list] = {rows[k]: [] for k in range(len(rows)) if not texts[k]}
-    dev_p, dev_c = alignment_pass(windows, feats, [rows[k] for k in todo],
+    dev_p, dev_w = alignment_pass(windows, feats, [rows[k] for k in todo],
                                   [jobs[k].language for k in todo], [texts[k] for k in todo],
                                   [frames[k] for k in todo], [known[k] for k in todo])
     # one read per kind for every row (a read per row waited on the device twice a row)
@@ -101,8 +101,8 @@ def align_rows(windows: Any, feats: torch.Tensor, rows: list[int], jobs: list[An
             probs[todo[i]][first:] = got[at : at + n]
             at += n
     # on a GPU the matrices stay there and only the DTW's steps come back
-    paths = dtw_paths_on_device(dev_c, to_host, negate=True) if windows.batched.cuda \
-        else dtw_paths(read_back([-m.double() for m in dev_c]))
+    paths = dtw_paths_on_device(dev_w, to_host, negate=True) if windows.batched.cuda \
+        else dtw_paths(read_back([-m.double() for m in dev_w]))
     language = getattr(windows.single, "language", "en")
     for k, (text_idx, time_idx) in zip(todo, paths, strict=True):
         split = word_splitter(tok, jobs[k].language or language)

@@ -83,13 +83,14 @@ def dtw_paths_on_device(costs: list[torch.Tensor], read: Reader | None = None,
     read = read or (lambda tensors: [t.cpu() for t in tensors])
     out: list[tuple[np.ndarray, np.ndarray]] = []
     group: list[torch.Tensor] = []
+    n = m = 0  # the group's padded shape
     for c in costs:
-        grown = group + [c]
-        cells = len(grown) * max(x.shape[0] for x in grown) * max(x.shape[1] for x in grown)
-        if group and cells > DEVICE_CELLS:
+        n_c, m_c = max(n, c.shape[0]), max(m, c.shape[1])
+        if group and (len(group) + 1) * n_c * m_c > DEVICE_CELLS:
             out += _device_group(group, read, negate)
-            grown = [c]
-        group = grown
+            group, n_c, m_c = [], c.shape[0], c.shape[1]
+        group.append(c)
+        n, m = n_c, m_c
     return out + (_device_group(group, read, negate) if group else [])
 
 

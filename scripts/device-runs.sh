@@ -41,6 +41,20 @@ R=$PWD
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 rm -f subd/models subd/kernels  # links from a local checkout would confuse the install
 source .benchdata/site.sh
+mps_start() {
+  export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps_pipe CUDA_MPS_LOG_DIRECTORY=/tmp/mps_log
+  mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
+  nvidia-cuda-mps-control -d
+}
+# one capacity trial: trial CONFIG STREAMS NAIVE PLOT [bench gpu options...], from /tmp
+trial() {
+  local config=$1 streams=$2 naive=$3 plot=$4
+  shift 4
+  (cd /tmp && python -m subd.cli bench gpu --policy daemon --model "$R/.benchdata/tiny_en" \
+    --clips "$R/.benchdata/ps/librivox" "$@" --streams "$streams" --naive-streams "$naive" \
+    --duration-s 12 --ramp-s 3 --warm-s 5 --max-rows "${MAX_ROWS:-256}" --gpu-processes 8 \
+    --config "$R/.benchdata/$config" --plot "$plot" 2>&1 | grep -v "^INFO")
+}
 case "${1:-}" in
   check)
     # the tests import subd from the checkout, which needs its two mapped packages
@@ -55,9 +69,7 @@ case "${1:-}" in
       --seconds 30 2>&1 | grep -v "^INFO" | tail -n 40
     ;;
   capacity)
-    export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps_pipe CUDA_MPS_LOG_DIRECTORY=/tmp/mps_log
-    mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
-    nvidia-cuda-mps-control -d
+    mps_start
     cap=()
     [ -n "${5:-}" ] && cap=(--capacity "$5" --capacity-decisions "${6:-transcript}")
     # the device's memory as the processes use it (each one's share: [recognizer] gpu_processes)
@@ -65,10 +77,7 @@ case "${1:-}" in
       > /tmp/apps.csv 2>/dev/null & apps=$!
     nvidia-smi --query-gpu=memory.used,memory.total --format=csv,noheader,nounits -lms 500 \
       > /tmp/used.csv 2>/dev/null & used=$!
-    cd /tmp && python -m subd.cli bench gpu --policy daemon --model "$R/.benchdata/tiny_en" \
-      --clips "$R/.benchdata/ps/librivox" "${cap[@]}" --streams "$3" --naive-streams "$4" \
-      --duration-s 12 --ramp-s 3 --warm-s 5 --max-rows "${MAX_ROWS:-256}" --gpu-processes 8 \
-      --config "$R/.benchdata/$2" --plot "${OUT:-/tmp}/capacity.png" 2>&1 | grep -v "^INFO" | tail -n 60
+    trial "$2" "$3" "$4" "${OUT:-/tmp}/capacity.png" "${cap[@]}" | tail -n 60
     kill $apps $used 2>/dev/null
     awk -F', ' '{if ($2 > m[$1]) m[$1] = $2} END {n = 0; for (p in m) {n++; printf "%s%d", (n > 1 ? ", " : ""), m[p]}; if (n) printf " MiB: peak of each of %d processes on the GPU\n", n}' /tmp/apps.csv
     awk -F', ' '{if ($1 > m) m = $1; t = $2} END {if (t) printf "device memory used at peak: %d of %d MiB\n", m, t}' /tmp/used.csv
@@ -82,9 +91,7 @@ case "${1:-}" in
         || { echo "$0: .ab does not install" >&2; exit 1; }
       cat .ab/.commit > /tmp/site_ab/.done
     fi
-    export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps_pipe CUDA_MPS_LOG_DIRECTORY=/tmp/mps_log
-    mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
-    nvidia-cuda-mps-control -d
+    mps_start
     steal() { awk '/^cpu /{printf "steal %d of busy %d jiffies", $9, $2+$3+$4+$7+$8}' /proc/stat; }
     config=$2 streams=$3
     shift 3
@@ -95,11 +102,7 @@ case "${1:-}" in
         *) echo "$0: ab: trials are old or new, not $v" >&2; continue ;;
       esac
       echo "=== $what $(date +%T), $(steal)"
-      (cd /tmp && PYTHONPATH=$path timeout 200 python -m subd.cli bench gpu --policy daemon \
-        --model "$R/.benchdata/tiny_en" --clips "$R/.benchdata/ps/librivox" --streams "$streams" \
-        --naive-streams 0 --duration-s 12 --ramp-s 3 --warm-s 5 --max-rows "${MAX_ROWS:-256}" \
-        --gpu-processes 8 --config "$R/.benchdata/$config" --plot "" 2>&1 \
-        | grep -E "^batched N|host CPU" | cut -c1-400)
+      PYTHONPATH=$path trial "$config" "$streams" 0 "" | grep -E "^batched N|host CPU" | cut -c1-400
       echo "    after: $(steal)"
     done
     echo quit | nvidia-cuda-mps-control
